@@ -1,0 +1,121 @@
+//! What a backend hands back: grants, fencing tokens, lock state.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::name::{LockName, OwnerId};
+
+/// The longest lease a caller may ask for.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest a caller may wait for a lock.
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A number that is strictly greater than every token issued earlier for the same lock name,
+/// across release, expiry, takeover and owner changes. Pass it to the resource you protect and
+/// have it reject writes carrying a smaller token than it has seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One validated acquire request, the input of [`DistributedLock`](crate::DistributedLock)'s
+/// acquire primitives.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub name: LockName,
+    /// Who acquires it.
+    pub owner: OwnerId,
+    /// The lease asked for. Backends with session-bound leases ignore it.
+    pub ttl: Duration,
+}
+
+impl AcquireRequest {
+    /// Builds a request, rejecting a zero or too long TTL with `InvalidArgument`.
+    pub fn new(name: LockName, owner: OwnerId, ttl: Duration) -> Result<Self> {
+        check_ttl(ttl).map_err(|e| e.with_lock(&name))?;
+        Ok(Self { name, owner, ttl })
+    }
+}
+
+/// Rejects a zero or too long lease.
+pub fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) {
+        return Err(Error::invalid(format!(
+            "lease TTL {ttl:?} is shorter than 1ms"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(format!(
+            "lease TTL {ttl:?} is longer than the limit of {MAX_TTL:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Rejects a wait bound that would overflow a deadline.
+pub fn check_wait(wait: Duration) -> Result<()> {
+    if wait > MAX_WAIT {
+        return Err(Error::invalid(format!(
+            "wait bound {wait:?} is longer than the limit of {MAX_WAIT:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// A successful acquire, as the backend reports it.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The lock.
+    pub name: LockName,
+    /// Who holds it.
+    pub owner: OwnerId,
+    /// The fencing token of the grant (a reentrant acquire returns the token of the grant it
+    /// joins).
+    pub token: FencingToken,
+    /// The owner's hold count after this acquire (1 for a fresh grant).
+    pub hold_count: u32,
+    /// The lease the server granted, which may differ from the one asked for (etcd rounds up to
+    /// whole seconds and its minimum; ZooKeeper grants the negotiated session timeout).
+    pub ttl: Duration,
+    /// When the request that won the grant was sent, on the monotonic clock. Safe-until is
+    /// `sent_at + ttl - drift`.
+    pub sent_at: Instant,
+    /// Backend-specific identity of the grant that release and renew receive back (an etcd key,
+    /// a ZooKeeper node path). Empty where the name and owner suffice.
+    pub key: String,
+}
+
+/// What [`DistributedLock::inspect`](crate::DistributedLock::inspect) sees of a held lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The holder.
+    pub owner: OwnerId,
+    /// The holder's hold count.
+    pub hold_count: u32,
+    /// The current grant's fencing token.
+    pub token: FencingToken,
+    /// The lease left, by the server's clock; `None` for session-bound or unleased locks.
+    pub remaining: Option<Duration>,
+}
+
+/// The margin subtracted from a lease to get safe-until: 1% of the TTL plus 2 ms, covering clock
+/// rate drift between client and server and timer lateness.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// The instant up to which a grant of `ttl` whose request was sent at `sent_at` may be trusted.
+pub fn safe_until(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(drift(ttl))
+}
+
+/// Shorthand for the `Lost` error of a renew that found the lock gone.
+pub fn lost(name: &LockName, why: impl fmt::Display) -> Error {
+    Error::new(ErrorKind::Lost, why.to_string()).with_lock(name)
+}

@@ -1,0 +1,53 @@
+//! The distlock lock API: the [`DistributedLock`] trait every backend implements, the
+//! [`LockExt`] conveniences users call, the [`LockGuard`] they get back, the watchdog that
+//! renews leases, names, owners, fencing tokens, capabilities and errors — and
+//! [`MemoryLock`], the in-memory backend that is the reference model of the contract.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use distlock_api::{LockExt, LockOptions, MemoryStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+//!
+//! let held = a.try_lock("invoice-42").await?.expect("free");
+//! assert!(b.try_lock("invoice-42").await?.is_none()); // another client: held
+//!
+//! let first = held.token();
+//! held.release().await?;
+//! let next = b.lock_with("invoice-42", &LockOptions::new().ttl(Duration::from_secs(5))).await?;
+//! assert!(next.token() > first); // fencing tokens only go up
+//! # Ok::<_, distlock_api::Error>(())
+//! # }).unwrap();
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod capability;
+mod error;
+mod ext;
+mod grant;
+mod guard;
+mod lock;
+pub mod memory;
+mod name;
+mod options;
+pub mod wait;
+mod watchdog;
+
+pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+pub use error::{Error, ErrorKind, Result};
+pub use ext::LockExt;
+pub use grant::{
+    check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo,
+    MAX_TTL, MAX_WAIT,
+};
+pub use guard::{LockGuard, LostReason};
+pub use lock::{ClientCore, DistributedLock, SharedLock, DEFAULT_TTL};
+pub use memory::{MemoryLock, MemoryStore};
+pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
+pub use options::{Lease, LockOptions};
+
+/// Re-exported so backends implement the trait with the same macro version.
+pub use async_trait::async_trait;

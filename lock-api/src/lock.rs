@@ -1,0 +1,161 @@
+//! The trait every backend implements, and the per-client state every backend embeds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::capability::Capabilities;
+use crate::error::Result;
+use crate::grant::{AcquireRequest, Grant, LockInfo};
+use crate::name::{LockName, OwnerId};
+use crate::wait::{self, Attempt, Backoff};
+use crate::watchdog::Watchdog;
+use crate::LostReason;
+
+/// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// The primitives a lock backend implements. Users call the conveniences of
+/// [`LockExt`](crate::LockExt) on an `Arc` of it, which validate input, build the
+/// [`LockGuard`](crate::LockGuard) and enrol it with the client's watchdog.
+///
+/// # Contract
+///
+/// An implementation is one *client handle*: it owns its connections and one
+/// [`ClientCore`] (default owner id, default TTL, watchdog), and it keeps these promises, which
+/// the `distlock-conformance` suite checks case by case:
+///
+/// - **Mutual exclusion.** At most one owner holds a name at any instant of the server's clock.
+/// - **Server-side expiry.** A grant's lease is judged by the server's clock, never by comparing
+///   client wall clocks. [`Grant::sent_at`] is the monotonic instant the winning request was
+///   *sent*, so that `sent_at + ttl - drift` is a safe lower bound of the server's expiry.
+/// - **Conditional mutations.** `release` and `renew` act only if the grant (owner, token and
+///   [`Grant::key`]) still holds the lock, checked atomically on the server; a stale or repeated
+///   release of an old grant never frees a newer holder.
+/// - **Reentrancy** (if [`Capabilities::reentrant`]): the holder re-acquiring adds one to its
+///   hold count and gets the *same* token; `release` takes one away and frees at zero. Without
+///   reentrancy, a re-acquire by the holder is answered like anyone else's.
+/// - **Fencing** (if [`Capabilities::fencing`] is not `None`): every fresh grant's token is
+///   strictly greater than every token issued earlier for the same name.
+/// - **Waiting.** `try_acquire` never waits. `acquire` waits up to `wait`, then fails with
+///   [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) within one round trip. Dropping the
+///   `acquire` future at any await point leaves nothing behind: no waiter entry, and no grant
+///   without a caller (a grant that raced the cancellation is released).
+/// - **Errors.** An unreachable server is
+///   [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) within the connect timeout; a
+///   renew that finds the lock gone is [`ErrorKind::Lost`](crate::ErrorKind::Lost).
+/// - **Lost signal.** When the backend learns that grants ended behind their guards' backs
+///   (session expiry, lease revoked), it calls [`ClientCore::mark_lost`].
+///
+/// Input reaching these methods is already validated ([`LockName`], [`OwnerId`], TTL bounds).
+#[async_trait]
+pub trait DistributedLock: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The per-client state: backend name, default owner id, default TTL, watchdog.
+    fn core(&self) -> &ClientCore;
+
+    /// Acquires the lock if it is free (or held by `req.owner`, on reentrant backends); `None`
+    /// if someone else holds it. Never waits for the lock.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>>;
+
+    /// Acquires the lock, waiting up to `wait` for it. The default polls [`try_acquire`] with
+    /// capped exponential backoff and jitter; backends the server can notify override it.
+    ///
+    /// [`try_acquire`]: DistributedLock::try_acquire
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        let deadline = Instant::now() + wait;
+        wait::poll(deadline, Backoff::default(), || async {
+            Ok(match self.try_acquire(req).await? {
+                Some(grant) => Attempt::Granted(grant),
+                None => Attempt::Held {
+                    expires_in: self.inspect(&req.name).await?.and_then(|i| i.remaining),
+                },
+            })
+        })
+        .await
+    }
+
+    /// Gives up one hold of `grant`. `Ok(true)` if the grant still held the lock (and one hold
+    /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
+    async fn release(&self, grant: &Grant) -> Result<bool>;
+
+    /// Extends `grant`'s lease to `ttl` from now, if it still holds the lock, and returns the
+    /// lease the server granted. A grant that no longer holds the lock is
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost). Session-bound backends confirm the grant and
+    /// return the session's lease.
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration>;
+
+    /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+}
+
+/// The state every client handle carries, written once here for every backend: the backend's
+/// name (for errors), the default owner id, the default lease TTL, and the one watchdog task
+/// that renews every lock this client holds.
+pub struct ClientCore {
+    backend: &'static str,
+    owner: OwnerId,
+    default_ttl: Duration,
+    watchdog: Watchdog,
+}
+
+impl ClientCore {
+    /// A core for a client of `backend`, with a fresh random owner id and [`DEFAULT_TTL`].
+    pub fn new(backend: &'static str) -> Self {
+        Self {
+            backend,
+            owner: OwnerId::random(),
+            default_ttl: DEFAULT_TTL,
+            watchdog: Watchdog::new(),
+        }
+    }
+
+    /// Uses `owner` as the client's owner id.
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// Uses `ttl` as the default lease of watchdog-managed locks.
+    pub fn with_default_ttl(mut self, ttl: Duration) -> Result<Self> {
+        crate::grant::check_ttl(ttl)?;
+        self.default_ttl = ttl;
+        Ok(self)
+    }
+
+    /// The backend's name, as errors show it.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The client's owner id.
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+
+    /// The default lease of watchdog-managed locks.
+    pub fn default_ttl(&self) -> Duration {
+        self.default_ttl
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    /// Fires `lost()` on every live guard of this client whose grant matches `which`, and stops
+    /// renewing them: for backends that learn of loss themselves (session expiry, lease gone).
+    pub fn mark_lost(&self, which: impl Fn(&Grant) -> bool, reason: LostReason) {
+        self.watchdog.mark_lost(which, reason);
+    }
+
+    /// How many guards this client's watchdog is looking after.
+    pub fn guards_watched(&self) -> usize {
+        self.watchdog.len()
+    }
+}
+
+/// A lock shared as a trait object, as the facade and the suite hold it.
+pub type SharedLock = Arc<dyn DistributedLock>;

@@ -1,0 +1,398 @@
+//! The in-memory backend: the reference model of the contract, with every capability on.
+//!
+//! A [`MemoryStore`] plays the server; each [`MemoryLock`] is one client of it with its own
+//! owner id and watchdog. Waiters queue per name and the releasing holder hands the lock to the
+//! first live waiter, so waiting is notice-driven and FIFO.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
+use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+use crate::error::{Error, ErrorKind, Result};
+use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::lock::{ClientCore, DistributedLock};
+use crate::name::{LockName, OwnerId};
+use crate::wait::timeout;
+
+/// What the in-memory backend promises: everything.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    blocking: Blocking::Notify,
+    ttl: TtlSupport {
+        kind: LeaseKind::PerLock,
+        min: Duration::from_millis(1),
+        granularity: Duration::from_nanos(1),
+    },
+    fair: true,
+    fencing: Fencing::Volatile,
+    renewal: true,
+};
+
+/// The shared state that [`MemoryLock`] clients lock against: the "server".
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<LockName, Slot>,
+    /// Fencing counters, never removed.
+    tokens: HashMap<LockName, u64>,
+    next_waiter: u64,
+}
+
+#[derive(Default)]
+struct Slot {
+    holder: Option<Holder>,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Holder {
+    owner: OwnerId,
+    count: u32,
+    token: FencingToken,
+    expires_at: Instant,
+}
+
+struct Waiter {
+    id: u64,
+    owner: OwnerId,
+    ttl: Duration,
+    tx: oneshot::Sender<Grant>,
+}
+
+impl State {
+    fn next_token(&mut self, name: &LockName) -> FencingToken {
+        let t = self.tokens.entry(name.clone()).or_insert(0);
+        *t += 1;
+        FencingToken(*t)
+    }
+
+    /// Drops an expired holder and, while the lock is free, hands it to the first waiter that
+    /// is still listening. Called on every state change that can free a lock.
+    fn dispatch(&mut self, name: &LockName, now: Instant) {
+        let Some(slot) = self.slots.get_mut(name) else {
+            return;
+        };
+        if slot.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            slot.holder = None;
+        }
+        while slot.holder.is_none() {
+            let Some(w) = slot.waiters.pop_front() else {
+                break;
+            };
+            let t = self.tokens.entry(name.clone()).or_insert(0);
+            *t += 1;
+            let token = FencingToken(*t);
+            let grant = Grant {
+                name: name.clone(),
+                owner: w.owner.clone(),
+                token,
+                hold_count: 1,
+                ttl: w.ttl,
+                sent_at: now,
+                key: String::new(),
+            };
+            if w.tx.send(grant).is_ok() {
+                slot.holder = Some(Holder {
+                    owner: w.owner,
+                    count: 1,
+                    token,
+                    expires_at: now + w.ttl,
+                });
+            }
+        }
+        if slot.holder.is_none() && slot.waiters.is_empty() {
+            self.slots.remove(name);
+        }
+    }
+
+    /// Grants at once if free or held by `req.owner`; `None` if held by someone else (or if
+    /// others already queue for it: FIFO).
+    fn try_grant(&mut self, req: &AcquireRequest, now: Instant) -> Option<Grant> {
+        self.dispatch(&req.name, now);
+        let token = match self.slots.get_mut(&req.name) {
+            Some(slot) => {
+                let h = slot.holder.as_mut()?;
+                if h.owner != req.owner {
+                    return None;
+                }
+                h.count += 1;
+                h.expires_at = h.expires_at.max(now + req.ttl);
+                return Some(Grant {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    token: h.token,
+                    hold_count: h.count,
+                    ttl: req.ttl,
+                    sent_at: now,
+                    key: String::new(),
+                });
+            }
+            None => self.next_token(&req.name),
+        };
+        self.slots.insert(
+            req.name.clone(),
+            Slot {
+                holder: Some(Holder {
+                    owner: req.owner.clone(),
+                    count: 1,
+                    token,
+                    expires_at: now + req.ttl,
+                }),
+                waiters: VecDeque::new(),
+            },
+        );
+        Some(Grant {
+            name: req.name.clone(),
+            owner: req.owner.clone(),
+            token,
+            hold_count: 1,
+            ttl: req.ttl,
+            sent_at: now,
+            key: String::new(),
+        })
+    }
+
+    fn live_holder(&self, name: &LockName, now: Instant) -> Option<&Holder> {
+        self.slots
+            .get(name)?
+            .holder
+            .as_ref()
+            .filter(|h| h.expires_at > now)
+    }
+
+    fn holds(&self, grant: &Grant, now: Instant) -> bool {
+        self.live_holder(&grant.name, now)
+            .is_some_and(|h| h.owner == grant.owner && h.token == grant.token)
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A new client of this store, with its own owner id and watchdog.
+    pub fn client(&self) -> MemoryLock {
+        MemoryLock {
+            store: self.clone(),
+            core: ClientCore::new("memory"),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation of `State` completes before anything that could panic, so a poisoned
+        // lock still guards consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes `name`'s holder behind its back, as an operator or a failing server would; the
+    /// next waiter gets the lock. For tests of the lost signal.
+    pub fn remove(&self, name: &LockName) {
+        let mut s = self.lock();
+        if let Some(slot) = s.slots.get_mut(name) {
+            slot.holder = None;
+        }
+        s.dispatch(name, Instant::now());
+    }
+
+    /// How many names have a holder or waiters (expired holders included until touched).
+    pub fn active_names(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// How many waiters are queued, over all names.
+    pub fn waiters(&self) -> usize {
+        self.lock().slots.values().map(|s| s.waiters.len()).sum()
+    }
+}
+
+/// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
+/// [`MemoryStore::client`] for several clients of one store.
+pub struct MemoryLock {
+    store: MemoryStore,
+    core: ClientCore,
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLock {
+    /// A client of a fresh store of its own.
+    pub fn new() -> Self {
+        MemoryStore::new().client()
+    }
+
+    /// The store this client locks against.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// Uses `core` (owner id, default TTL) instead of the default one.
+    pub fn with_core(mut self, core: ClientCore) -> Self {
+        self.core = core;
+        self
+    }
+}
+
+/// Removes a queued waiter if its acquire is dropped, and releases a grant that was handed to
+/// it after it stopped listening.
+struct QueuedWaiter<'a> {
+    store: &'a MemoryStore,
+    name: &'a LockName,
+    id: u64,
+    rx: oneshot::Receiver<Grant>,
+    done: bool,
+}
+
+impl Drop for QueuedWaiter<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        if let Some(slot) = s.slots.get_mut(self.name) {
+            slot.waiters.retain(|w| w.id != self.id);
+        }
+        // Dispatch sends under the store lock, so under it the grant is either queued or here.
+        if let Ok(grant) = self.rx.try_recv() {
+            if let Some(slot) = s.slots.get_mut(self.name) {
+                if slot.holder.as_ref().is_some_and(|h| h.token == grant.token) {
+                    slot.holder = None;
+                }
+            }
+        }
+        s.dispatch(self.name, now);
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        Ok(self.store.lock().try_grant(req, Instant::now()))
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut queued = {
+            let mut s = self.store.lock();
+            if let Some(g) = s.try_grant(req, started) {
+                return Ok(g);
+            }
+            let (tx, rx) = oneshot::channel();
+            s.next_waiter += 1;
+            let id = s.next_waiter;
+            s.slots
+                .entry(req.name.clone())
+                .or_default()
+                .waiters
+                .push_back(Waiter {
+                    id,
+                    owner: req.owner.clone(),
+                    ttl: req.ttl,
+                    tx,
+                });
+            QueuedWaiter {
+                store: &self.store,
+                name: &req.name,
+                id,
+                rx,
+                done: false,
+            }
+        };
+        loop {
+            // Wake at the deadline or when the holder's lease runs out, whichever is first: an
+            // expired holder sends no notice.
+            let wake = {
+                let s = self.store.lock();
+                let expiry = s
+                    .slots
+                    .get(&req.name)
+                    .and_then(|slot| slot.holder.as_ref())
+                    .map(|h| h.expires_at);
+                expiry.map_or(deadline, |e| e.min(deadline))
+            };
+            tokio::select! {
+                granted = &mut queued.rx => {
+                    // The sender is only dropped with the waiter entry, which only this
+                    // future removes; an error here means the store broke that invariant.
+                    queued.done = granted.is_ok();
+                    return granted.map_err(|_| {
+                        Error::new(ErrorKind::Backend, "memory store dropped a queued waiter")
+                    });
+                }
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    let now = Instant::now();
+                    self.store.lock().dispatch(&req.name, now);
+                    if now >= deadline {
+                        if let Ok(grant) = queued.rx.try_recv() {
+                            queued.done = true;
+                            return Ok(grant);
+                        }
+                        return Err(timeout(wait));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        if !s.holds(grant, now) {
+            return Ok(false);
+        }
+        let slot = s.slots.get_mut(&grant.name).expect("held implies a slot");
+        let h = slot.holder.as_mut().expect("held implies a holder");
+        h.count -= 1;
+        if h.count == 0 {
+            slot.holder = None;
+            s.dispatch(&grant.name, now);
+        }
+        Ok(true)
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        if !s.holds(grant, now) {
+            return Err(lost(&grant.name, "the lock is no longer held by this grant"));
+        }
+        let slot = s.slots.get_mut(&grant.name).expect("held implies a slot");
+        let h = slot.holder.as_mut().expect("held implies a holder");
+        h.expires_at = now + ttl;
+        Ok(ttl)
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        s.dispatch(name, now);
+        Ok(s.live_holder(name, now).map(|h| LockInfo {
+            owner: h.owner.clone(),
+            hold_count: h.count,
+            token: h.token,
+            remaining: Some(h.expires_at - now),
+        }))
+    }
+}

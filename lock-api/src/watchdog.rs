@@ -1,0 +1,228 @@
+//! One renewal task per client: renews every watchdog-managed grant at TTL/3 and fires `lost()`
+//! when a renewal finds the lock gone or safe-until passes without a successful renewal.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::error::ErrorKind;
+use crate::grant::{safe_until, Grant};
+use crate::guard::{GrantState, LostReason};
+use crate::lock::DistributedLock;
+
+/// How many renewals one client has in flight at most.
+const MAX_CONCURRENT_RENEWALS: usize = 64;
+
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    wake: Notify,
+    permits: Semaphore,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    task: Option<JoinHandle<()>>,
+}
+
+struct Entry {
+    backend: Weak<dyn DistributedLock>,
+    grant: Grant,
+    state: Arc<GrantState>,
+    /// `Some` for watchdog-managed leases: the TTL to renew with and when to renew next.
+    renew: Option<(Duration, Instant)>,
+    in_flight: bool,
+}
+
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    // A panic while holding this lock cannot leave `Inner` inconsistent (every update is one
+    // assignment), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Watchdog {
+    pub(crate) fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner::default()),
+                wake: Notify::new(),
+                permits: Semaphore::new(MAX_CONCURRENT_RENEWALS),
+            }),
+        }
+    }
+
+    /// Starts looking after a guard: renewing it (if `renew_ttl` is set) and firing `lost()` when
+    /// its safe-until passes. Must be called inside a Tokio runtime.
+    pub(crate) fn register(
+        &self,
+        backend: Weak<dyn DistributedLock>,
+        grant: Grant,
+        state: Arc<GrantState>,
+        renew_ttl: Option<Duration>,
+    ) -> u64 {
+        let mut inner = lock(&self.shared.inner);
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
+        inner.entries.insert(
+            id,
+            Entry {
+                backend,
+                grant,
+                state,
+                renew,
+                in_flight: false,
+            },
+        );
+        let running = inner.task.as_ref().is_some_and(|t| !t.is_finished());
+        if !running {
+            inner.task = tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|h| h.spawn(run(self.shared.clone())));
+        }
+        drop(inner);
+        self.shared.wake.notify_one();
+        id
+    }
+
+    /// Stops looking after a guard (released or dropped).
+    pub(crate) fn deregister(&self, id: u64) {
+        lock(&self.shared.inner).entries.remove(&id);
+    }
+
+    pub(crate) fn mark_lost(&self, which: impl Fn(&Grant) -> bool, reason: LostReason) {
+        let mut inner = lock(&self.shared.inner);
+        inner.entries.retain(|_, e| {
+            if which(&e.grant) {
+                e.state.fire(reason.clone());
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.shared.inner).entries.len()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.shared.inner).task.take() {
+            task.abort();
+        }
+    }
+}
+
+struct Due {
+    id: u64,
+    backend: Arc<dyn DistributedLock>,
+    grant: Grant,
+    ttl: Duration,
+}
+
+async fn run(shared: Arc<Shared>) {
+    loop {
+        let notified = shared.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut due = Vec::new();
+        let next = {
+            let mut inner = lock(&shared.inner);
+            let now = Instant::now();
+            let mut next: Option<Instant> = None;
+            inner.entries.retain(|&id, e| {
+                if e.state.is_fired() {
+                    return false;
+                }
+                if let Some(until) = e.state.safe_until() {
+                    if until <= now {
+                        e.state.fire(LostReason::Expired);
+                        return false;
+                    }
+                    next = Some(next.map_or(until, |n| n.min(until)));
+                }
+                if let Some((ttl, at)) = e.renew {
+                    if e.in_flight {
+                        return true;
+                    }
+                    if at <= now {
+                        let Some(backend) = e.backend.upgrade() else {
+                            e.state.fire(LostReason::ClientGone);
+                            return false;
+                        };
+                        e.in_flight = true;
+                        due.push(Due {
+                            id,
+                            backend,
+                            grant: e.grant.clone(),
+                            ttl,
+                        });
+                    } else {
+                        next = Some(next.map_or(at, |n| n.min(at)));
+                    }
+                }
+                true
+            });
+            if inner.entries.is_empty() {
+                // Exit while holding the lock, so a concurrent `register` sees the task gone
+                // and starts a new one.
+                inner.task = None;
+                return;
+            }
+            next
+        };
+        for d in due {
+            tokio::spawn(renew_one(shared.clone(), d));
+        }
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                    _ = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+async fn renew_one(shared: Arc<Shared>, d: Due) {
+    let result = {
+        let _permit = shared.permits.acquire().await;
+        let sent = Instant::now();
+        d.backend.renew(&d.grant, d.ttl).await.map(|g| (sent, g))
+    };
+    {
+        let mut inner = lock(&shared.inner);
+        let Some(e) = inner.entries.get_mut(&d.id) else {
+            return; // released while the renewal was in flight
+        };
+        e.in_flight = false;
+        match result {
+            Ok((sent, granted)) => {
+                e.state.extend(safe_until(sent, granted));
+                e.renew = Some((d.ttl, sent + granted / 3));
+            }
+            Err(err) if matches!(err.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
+                e.state.fire(LostReason::Taken(err.to_string()));
+                inner.entries.remove(&d.id);
+            }
+            Err(_) => {
+                // A failed round trip: try again soon; safe-until decides when to give up.
+                let retry = (d.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                e.renew = Some((d.ttl, Instant::now() + retry));
+            }
+        }
+    }
+    shared.wake.notify_one();
+}
