@@ -376,7 +376,10 @@ impl DistributedLock for MemoryLock {
         let mut s = self.store.lock();
         let now = Instant::now();
         if !s.holds(grant, now) {
-            return Err(lost(&grant.name, "the lock is no longer held by this grant"));
+            return Err(lost(
+                &grant.name,
+                "the lock is no longer held by this grant",
+            ));
         }
         let slot = s.slots.get_mut(&grant.name).expect("held implies a slot");
         let h = slot.holder.as_mut().expect("held implies a holder");

@@ -23,7 +23,10 @@ impl LockName {
         let problem = if name.is_empty() {
             Some("is empty".to_string())
         } else if name.len() > MAX_NAME_LEN {
-            Some(format!("is {} bytes long; the limit is {MAX_NAME_LEN}", name.len()))
+            Some(format!(
+                "is {} bytes long; the limit is {MAX_NAME_LEN}",
+                name.len()
+            ))
         } else if let Some(c) = name.chars().find(|c| c.is_control()) {
             Some(format!("contains the control character U+{:04X}", c as u32))
         } else if name.chars().all(char::is_whitespace) {
@@ -147,7 +150,15 @@ mod tests {
         for bad in ["", " ", "\t\n", "a\0b", "a\nb", "\u{7f}", "x\u{85}"] {
             assert!(LockName::new(bad).is_err(), "{bad:?} accepted");
         }
-        for good in ["/", ".", "..", "a/../b", "zookeeper", "Ünïcødé 🔒", " padded "] {
+        for good in [
+            "/",
+            ".",
+            "..",
+            "a/../b",
+            "zookeeper",
+            "Ünïcødé 🔒",
+            " padded ",
+        ] {
             assert_eq!(LockName::new(good).unwrap().as_str(), good);
         }
     }

@@ -1,0 +1,1033 @@
+//! The cases: plain async functions, one promise each, listed in [`CASES`].
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_api::{
+    Capabilities, DistributedLock, ErrorKind, FencingToken, LeaseKind, LockExt, LockGuard,
+    LockName, LockOptions, LostReason, OwnerId, MAX_TTL, MAX_WAIT,
+};
+use futures::future::join_all;
+
+use crate::runner::{Case, CaseFuture, Ctx};
+
+type Gate = Result<(), &'static str>;
+
+fn always(_: &Capabilities, _: bool) -> Gate {
+    Ok(())
+}
+fn remote(_: &Capabilities, remote: bool) -> Gate {
+    remote.then_some(()).ok_or("the backend has no server")
+}
+fn per_lock_ttl(c: &Capabilities, _: bool) -> Gate {
+    c.per_lock_ttl()
+        .then_some(())
+        .ok_or("leases are not per lock")
+}
+fn session_ttl(c: &Capabilities, _: bool) -> Gate {
+    (c.ttl.kind == LeaseKind::Session)
+        .then_some(())
+        .ok_or("leases are not session-bound")
+}
+fn renewal(c: &Capabilities, _: bool) -> Gate {
+    c.renewal.then_some(()).ok_or("no lease renewal")
+}
+fn reentrant(c: &Capabilities, _: bool) -> Gate {
+    c.reentrant.then_some(()).ok_or("not reentrant")
+}
+fn not_reentrant(c: &Capabilities, _: bool) -> Gate {
+    (!c.reentrant).then_some(()).ok_or("reentrant")
+}
+fn fair(c: &Capabilities, _: bool) -> Gate {
+    c.fair.then_some(()).ok_or("not fair (no FIFO promise)")
+}
+fn fencing(c: &Capabilities, _: bool) -> Gate {
+    c.fencing_tokens().then_some(()).ok_or("no fencing tokens")
+}
+fn fencing_per_lock(c: &Capabilities, r: bool) -> Gate {
+    fencing(c, r).and(per_lock_ttl(c, r))
+}
+
+macro_rules! cases {
+    ($($name:ident : $gate:ident),* $(,)?) => {
+        /// Every case, in the order they are listed and run.
+        pub static CASES: &[Case] = &[
+            $(Case {
+                name: stringify!($name),
+                applies: $gate,
+                run: |cx| -> CaseFuture { Box::pin($name(cx)) },
+            }),*
+        ];
+    };
+}
+
+cases! {
+    empty_name_is_invalid_argument: always,
+    name_over_255_bytes_is_invalid_argument_and_255_bytes_works: always,
+    name_with_control_character_is_invalid_argument: always,
+    name_with_nul_is_invalid_argument: always,
+    whitespace_only_name_is_invalid_argument: always,
+    slash_and_dot_names_are_distinct_working_locks: always,
+    unicode_names_are_distinct_working_locks: always,
+    names_are_case_sensitive: always,
+    zero_ttl_is_invalid_argument: always,
+    ttl_over_limit_is_invalid_argument: always,
+    wait_over_limit_is_invalid_argument: always,
+    malformed_owner_id_is_invalid_argument: always,
+    unreachable_server_is_unavailable_within_connect_timeout: remote,
+    try_acquire_free_lock_grants_with_holder_and_token: always,
+    try_acquire_held_lock_returns_none: always,
+    caller_supplied_owner_is_the_holder: always,
+    release_by_holder_frees_the_lock: always,
+    release_by_other_owner_is_not_held_and_keeps_the_lock: always,
+    release_twice_is_not_held_the_second_time: always,
+    stale_release_never_frees_a_newer_holder: always,
+    fixed_lease_expires_without_renewal: per_lock_ttl,
+    fixed_lease_guard_reports_lost_at_safe_until: per_lock_ttl,
+    takeover_after_expiry_gets_a_greater_token: fencing_per_lock,
+    extend_keeps_a_fixed_lease_alive: per_lock_ttl,
+    extend_after_expiry_fails_with_lost: per_lock_ttl,
+    fixed_ttl_on_session_backend_is_unsupported: session_ttl,
+    watchdog_keeps_the_lock_for_several_ttls: renewal,
+    lost_fires_when_lock_is_removed_behind_the_holders_back: renewal,
+    renew_by_other_owner_fails_with_lost: renewal,
+    reentrant_acquire_counts_holds_and_keeps_the_token: reentrant,
+    reacquire_by_holder_is_contended_without_reentrancy: not_reentrant,
+    wait_bound_is_honoured_with_timeout: always,
+    waiter_is_woken_promptly_by_release: always,
+    waiter_takes_over_when_holder_lease_expires: per_lock_ttl,
+    cancelled_acquire_leaves_nothing_behind: always,
+    waiters_are_granted_in_fifo_order: fair,
+    tokens_increase_across_release: fencing,
+    tokens_increase_across_owners: fencing,
+    dropped_guard_frees_the_lock: always,
+    many_distinct_names_held_at_once: always,
+    mutual_exclusion_under_contention: always,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+const LONG_WAIT: Duration = Duration::from_secs(30);
+
+fn watchdog(ttl: Duration) -> LockOptions {
+    LockOptions::new().watchdog_ttl(ttl)
+}
+
+async fn must_lock(c: &Arc<dyn DistributedLock>, name: &str) -> LockGuard {
+    c.try_lock(name)
+        .await
+        .unwrap_or_else(|e| panic!("try_lock({name:?}) failed: {e}"))
+        .unwrap_or_else(|| panic!("{name:?} should be free"))
+}
+
+async fn holder_of(c: &Arc<dyn DistributedLock>, name: &str) -> Option<OwnerId> {
+    c.holder(name)
+        .await
+        .unwrap_or_else(|e| panic!("holder({name:?}) failed: {e}"))
+        .map(|i| i.owner)
+}
+
+/// Asserts that `name` is rejected with `InvalidArgument` before any I/O: by a working client,
+/// and by one whose server is not there (which would answer `Unavailable` had it tried).
+async fn rejects_name(cx: &Ctx, name: &str) {
+    let c = cx.client().await;
+    let e = c.try_lock(name).await.expect_err("bad name accepted");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name:?}: {e}");
+    let e = c.lock(name, Duration::from_millis(10)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name:?}: {e}");
+    let e = c.holder(name).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name:?}: {e}");
+    rejected_without_io(cx, name, &LockOptions::new()).await;
+}
+
+async fn rejects_options(cx: &Ctx, options: LockOptions) {
+    let c = cx.client().await;
+    let name = cx.name("opts");
+    let e = c
+        .lock_with(&name, &options)
+        .await
+        .expect_err("bad options accepted");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{options:?}: {e}");
+    assert!(
+        holder_of(&c, &name).await.is_none(),
+        "rejected acquire took the lock"
+    );
+    rejected_without_io(cx, &name, &options).await;
+}
+
+async fn rejected_without_io(cx: &Ctx, name: &str, options: &LockOptions) {
+    if let Some(Ok(dead)) = cx.harness().unreachable_client().await {
+        let e = dead.try_lock_with(name, options).await.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            ErrorKind::InvalidArgument,
+            "bad input must be rejected before any I/O, got {e}"
+        );
+    }
+}
+
+/// Acquires and releases every name, all held at once by one client, each seen by inspect.
+async fn distinct_working_locks(cx: &Ctx, names: &[String]) {
+    let c = cx.client().await;
+    let other = cx.client().await;
+    let mut guards = Vec::new();
+    for n in names {
+        let g = c
+            .lock(n, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{n:?}: {e}"));
+        assert_eq!(g.name().as_str(), n);
+        guards.push(g);
+    }
+    for n in names {
+        assert_eq!(
+            holder_of(&other, n).await.as_ref(),
+            Some(c.core().owner()),
+            "{n:?}"
+        );
+        assert!(
+            other.try_lock(n).await.unwrap().is_none(),
+            "{n:?} not exclusive"
+        );
+    }
+    for g in guards {
+        let n = g.name().clone();
+        assert!(g.release().await.unwrap(), "{n:?} lost before release");
+        assert!(
+            holder_of(&other, n.as_str()).await.is_none(),
+            "{n:?} still held"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+async fn empty_name_is_invalid_argument(cx: Ctx) {
+    rejects_name(&cx, "").await;
+}
+
+async fn name_over_255_bytes_is_invalid_argument_and_255_bytes_works(cx: Ctx) {
+    let p = cx.name("");
+    let ok = format!("{p}{}", "n".repeat(255 - p.len()));
+    assert_eq!(ok.len(), 255);
+    rejects_name(&cx, &format!("{ok}n")).await;
+    // Multi-byte: 255 bytes made of 3-byte characters after the prefix, padded with ASCII.
+    let room = 255 - p.len();
+    let wide = format!("{p}{}{}", "€".repeat(room / 3), "w".repeat(room % 3));
+    assert_eq!(wide.len(), 255);
+    distinct_working_locks(&cx, &[ok, wide]).await;
+}
+
+async fn name_with_control_character_is_invalid_argument(cx: Ctx) {
+    for bad in ["a\nb", "tab\there", "esc\u{1b}", "del\u{7f}", "c1\u{85}"] {
+        rejects_name(&cx, &cx.name(bad)).await;
+    }
+}
+
+async fn name_with_nul_is_invalid_argument(cx: Ctx) {
+    rejects_name(&cx, &cx.name("nul\0byte")).await;
+    rejects_name(&cx, "\0").await;
+}
+
+async fn whitespace_only_name_is_invalid_argument(cx: Ctx) {
+    for bad in [" ", "   ", "\u{3000}", "\u{a0}"] {
+        rejects_name(&cx, bad).await;
+    }
+}
+
+async fn slash_and_dot_names_are_distinct_working_locks(cx: Ctx) {
+    let mut names: Vec<String> = [
+        "", "/", "a/b", "a", "a/", "/a", ".", "..", "a/./b", "a/../b", "a//b",
+    ]
+    .iter()
+    .map(|s| cx.name(s))
+    .collect();
+    // Exactly these names matter to path-based backends; any leftover holder of them from an
+    // earlier crashed run has a short lease, hence `lock` with a wait rather than `try_lock`.
+    names.extend(["/", ".", "..", "zookeeper"].map(String::from));
+    distinct_working_locks(&cx, &names).await;
+}
+
+async fn unicode_names_are_distinct_working_locks(cx: Ctx) {
+    // "é" precomposed and decomposed are different strings, so different locks.
+    let names: Vec<String> = [
+        "ключ", "锁", "🔒", "\u{e9}", "e\u{301}", "{tag}", "*?[]", "%2F", "'\"`;--",
+    ]
+    .iter()
+    .map(|s| cx.name(s))
+    .collect();
+    distinct_working_locks(&cx, &names).await;
+}
+
+async fn names_are_case_sensitive(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let (upper, lower) = (cx.name("Lock"), cx.name("lock"));
+    let ga = must_lock(&a, &upper).await;
+    let gb = b
+        .try_lock(&lower)
+        .await
+        .unwrap()
+        .expect("\"lock\" must be a different lock from \"Lock\"");
+    assert_eq!(holder_of(&a, &upper).await.as_ref(), Some(a.core().owner()));
+    assert_eq!(holder_of(&a, &lower).await.as_ref(), Some(b.core().owner()));
+    assert!(ga.release().await.unwrap());
+    assert!(gb.release().await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad options
+
+async fn zero_ttl_is_invalid_argument(cx: Ctx) {
+    rejects_options(&cx, LockOptions::new().ttl(Duration::ZERO)).await;
+    rejects_options(&cx, LockOptions::new().watchdog_ttl(Duration::ZERO)).await;
+    rejects_options(&cx, LockOptions::new().ttl(Duration::from_micros(999))).await;
+}
+
+async fn ttl_over_limit_is_invalid_argument(cx: Ctx) {
+    rejects_options(
+        &cx,
+        LockOptions::new().ttl(MAX_TTL + Duration::from_secs(1)),
+    )
+    .await;
+    rejects_options(&cx, LockOptions::new().watchdog_ttl(Duration::MAX)).await;
+}
+
+async fn wait_over_limit_is_invalid_argument(cx: Ctx) {
+    rejects_options(
+        &cx,
+        LockOptions::new().wait(MAX_WAIT + Duration::from_secs(1)),
+    )
+    .await;
+    rejects_options(&cx, LockOptions::new().wait(Duration::MAX)).await;
+    let c = cx.client().await;
+    let e = c.lock(&cx.name("w"), Duration::MAX).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+async fn malformed_owner_id_is_invalid_argument(cx: Ctx) {
+    for bad in ["", "has space", "slash/y", "ünï", &"o".repeat(65)] {
+        let e = OwnerId::new(bad).expect_err(bad);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    }
+    // A well-formed caller-chosen owner works (checked in caller_supplied_owner_is_the_holder).
+    let c = cx.client().await;
+    let g = c
+        .try_lock_with(
+            &cx.name("o"),
+            &LockOptions::new().owner(OwnerId::new("ok-owner_1.x:y").unwrap()),
+        )
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(g.owner().as_str(), "ok-owner_1.x:y");
+    assert!(g.release().await.unwrap());
+}
+
+async fn unreachable_server_is_unavailable_within_connect_timeout(cx: Ctx) {
+    let limit = cx.harness().connect_timeout() + Duration::from_secs(3);
+    let started = Instant::now();
+    let outcome = match cx.harness().unreachable_client().await {
+        None => panic!("a remote backend must provide an unreachable client"),
+        Some(Err(e)) => Err(e),
+        Some(Ok(dead)) => dead.try_lock(&cx.name("u")).await.map(|_| ()),
+    };
+    let took = started.elapsed();
+    let e = outcome.expect_err("an unreachable server cannot grant a lock");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.is_temporary(), "Unavailable should be retryable: {e}");
+    assert!(
+        took <= limit,
+        "took {took:?}, more than the connect timeout + 3 s"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Acquire, inspect, release
+
+async fn try_acquire_free_lock_grants_with_holder_and_token(cx: Ctx) {
+    let c = cx.client().await;
+    let name = cx.name("free");
+    assert!(c.holder(&name).await.unwrap().is_none());
+    let sent = Instant::now();
+    let g = must_lock(&c, &name).await;
+    assert_eq!(g.name().as_str(), name);
+    assert_eq!(g.owner(), c.core().owner());
+    assert_eq!(g.hold_count(), 1);
+    assert!(!g.is_lost());
+    if c.capabilities().fencing_tokens() {
+        assert!(
+            g.token() > FencingToken(0),
+            "a fencing backend issued token 0"
+        );
+    }
+    let info = c.holder(&name).await.unwrap().expect("held");
+    assert_eq!(&info.owner, c.core().owner());
+    assert_eq!(info.hold_count, 1);
+    assert_eq!(info.token, g.token());
+    if let Some(until) = g.safe_until() {
+        assert!(
+            until > Instant::now(),
+            "fresh grant already past safe-until"
+        );
+        assert!(until <= sent + g.ttl() + Duration::from_millis(50) + (Instant::now() - sent));
+    }
+    if c.capabilities().per_lock_ttl() {
+        let rem = info
+            .remaining
+            .expect("per-lock leases report the remaining lease");
+        assert!(rem <= g.ttl(), "remaining {rem:?} > granted {:?}", g.ttl());
+    }
+    assert!(g.release().await.unwrap());
+}
+
+async fn try_acquire_held_lock_returns_none(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("held");
+    let g = must_lock(&a, &name).await;
+    assert!(b.try_lock(&name).await.unwrap().is_none());
+    let e = b.lock(&name, Duration::ZERO).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(a.core().owner()));
+    assert!(g.release().await.unwrap());
+}
+
+async fn caller_supplied_owner_is_the_holder(cx: Ctx) {
+    let c = cx.client().await;
+    let name = cx.name("own");
+    let me = OwnerId::new(format!("worker-{}", std::process::id())).unwrap();
+    let g = c
+        .try_lock_with(&name, &LockOptions::new().owner(me.clone()))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(g.owner(), &me);
+    assert_eq!(holder_of(&c, &name).await, Some(me));
+    // The client's own owner id is someone else for this lock.
+    assert!(c.try_lock(&name).await.unwrap().is_none());
+    assert!(g.release().await.unwrap());
+}
+
+async fn release_by_holder_frees_the_lock(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("rel");
+    let g = must_lock(&a, &name).await;
+    assert!(
+        g.release().await.unwrap(),
+        "holder's release must report held"
+    );
+    assert!(holder_of(&b, &name).await.is_none());
+    let g2 = must_lock(&b, &name).await;
+    assert!(g2.release().await.unwrap());
+}
+
+async fn release_by_other_owner_is_not_held_and_keeps_the_lock(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("foreign");
+    let g = must_lock(&a, &name).await;
+    let mut forged = g.grant().clone();
+    forged.owner = b.core().owner().clone();
+    assert!(
+        !b.release(&forged).await.unwrap(),
+        "foreign release reported held"
+    );
+    assert!(
+        !a.release(&forged).await.unwrap(),
+        "foreign release reported held"
+    );
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(a.core().owner()));
+    assert!(
+        b.try_lock(&name).await.unwrap().is_none(),
+        "foreign release freed the lock"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+async fn release_twice_is_not_held_the_second_time(cx: Ctx) {
+    let c = cx.client().await;
+    let name = cx.name("twice");
+    let g = must_lock(&c, &name).await;
+    let grant = g.grant().clone();
+    assert!(g.release().await.unwrap());
+    assert!(
+        !c.release(&grant).await.unwrap(),
+        "second release reported held"
+    );
+    assert!(holder_of(&c, &name).await.is_none());
+}
+
+async fn stale_release_never_frees_a_newer_holder(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("stale");
+    let old = must_lock(&a, &name).await;
+    let stale = old.grant().clone();
+    assert!(old.release().await.unwrap());
+    let newer = must_lock(&b, &name).await;
+    // The stale grant, and the same owner's id with the newer grant's token, both fail.
+    assert!(!a.release(&stale).await.unwrap());
+    let mut mixed = newer.grant().clone();
+    mixed.owner = stale.owner.clone();
+    assert!(!a.release(&mixed).await.unwrap());
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(b.core().owner()));
+    assert!(!newer.is_lost());
+    assert!(newer.release().await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+
+async fn fixed_lease_expires_without_renewal(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("exp");
+    let g = a
+        .try_lock_with(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        b.try_lock(&name).await.unwrap().is_none(),
+        "held within its lease"
+    );
+    tokio::time::sleep(ttl + ttl / 2 + Duration::from_millis(50)).await;
+    assert!(g.is_lost(), "guard past its lease still claims the lock");
+    assert!(holder_of(&b, &name).await.is_none(), "lease did not expire");
+    let g2 = must_lock(&b, &name).await;
+    assert!(
+        !g.release().await.unwrap(),
+        "expired grant's release reported held"
+    );
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    assert!(g2.release().await.unwrap());
+}
+
+async fn fixed_lease_guard_reports_lost_at_safe_until(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let c = cx.client().await;
+    let sent = Instant::now();
+    let g = c
+        .try_lock_with(&cx.name("safe"), &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let until = g.safe_until().expect("leased");
+    assert!(until <= Instant::now() + ttl, "safe-until beyond the lease");
+    assert!(until > sent, "safe-until before the request");
+    let reason = tokio::time::timeout(ttl * 3 + Duration::from_secs(1), g.lost())
+        .await
+        .expect("lost() did not fire after the fixed lease ran out");
+    assert_eq!(reason, LostReason::Expired);
+    assert!(Instant::now() >= until, "lost fired before safe-until");
+    assert!(g.is_lost());
+    assert_eq!(g.lost_reason(), Some(LostReason::Expired));
+}
+
+async fn takeover_after_expiry_gets_a_greater_token(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("take");
+    let g = a
+        .try_lock_with(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let g2 = b
+        .lock(&name, ttl * 10 + Duration::from_secs(2))
+        .await
+        .expect("waiter takes over after the lease");
+    assert!(g2.token() > g.token(), "{} !> {}", g2.token(), g.token());
+    assert!(!g.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
+}
+
+async fn extend_keeps_a_fixed_lease_alive(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("ext");
+    let g = a
+        .try_lock_with(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let first_until = g.safe_until().unwrap();
+    tokio::time::sleep(ttl / 2).await;
+    g.extend(ttl * 4).await.expect("extend within the lease");
+    assert!(
+        g.safe_until().unwrap() > first_until,
+        "safe-until not moved"
+    );
+    tokio::time::sleep(ttl).await; // past the original lease
+    assert!(!g.is_lost());
+    assert!(
+        b.try_lock(&name).await.unwrap().is_none(),
+        "extended lock was free"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+async fn extend_after_expiry_fails_with_lost(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let c = cx.client().await;
+    let g = c
+        .try_lock_with(&cx.name("late"), &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    tokio::time::sleep(ttl + ttl / 2 + Duration::from_millis(50)).await;
+    let e = g.extend(ttl).await.expect_err("extended an expired lease");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    assert!(g.is_lost());
+}
+
+async fn fixed_ttl_on_session_backend_is_unsupported(cx: Ctx) {
+    let c = cx.client().await;
+    let e = c
+        .try_lock_with(
+            &cx.name("fx"),
+            &LockOptions::new().ttl(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+}
+
+async fn watchdog_keeps_the_lock_for_several_ttls(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("wd");
+    let g = a
+        .try_lock_with(&name, &watchdog(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let first_until = g.safe_until();
+    for _ in 0..4 {
+        tokio::time::sleep(ttl).await;
+        assert!(
+            !g.is_lost(),
+            "watchdog let the lock go: {:?}",
+            g.lost_reason()
+        );
+        assert!(
+            b.try_lock(&name).await.unwrap().is_none(),
+            "lock free while renewed"
+        );
+    }
+    assert!(
+        g.safe_until() > first_until,
+        "renewals did not move safe-until"
+    );
+    assert!(g.release().await.unwrap());
+    assert!(holder_of(&b, &name).await.is_none());
+}
+
+async fn lost_fires_when_lock_is_removed_behind_the_holders_back(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("gone");
+    let g = a
+        .try_lock_with(&name, &watchdog(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let lost = g.lost();
+    cx.harness()
+        .remove_behind_back(&LockName::new(&name).unwrap())
+        .await
+        .expect("remove hook");
+    let reason = tokio::time::timeout(ttl * 3 + Duration::from_secs(2), lost)
+        .await
+        .expect("lost() did not fire after the lock was removed");
+    assert!(
+        matches!(
+            reason,
+            LostReason::Taken(_) | LostReason::Session(_) | LostReason::Expired
+        ),
+        "{reason:?}"
+    );
+    assert!(g.is_lost());
+    // Someone else can take it, and the old guard's release does not touch them.
+    let g2 = b.lock(&name, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        !g.release().await.unwrap(),
+        "lost guard's release reported held"
+    );
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    assert!(g2.release().await.unwrap());
+}
+
+async fn renew_by_other_owner_fails_with_lost(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("rn");
+    let g = must_lock(&a, &name).await;
+    let mut forged = g.grant().clone();
+    forged.owner = b.core().owner().clone();
+    let e = b
+        .renew(&forged, Duration::from_secs(5))
+        .await
+        .expect_err("foreign renew succeeded");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(a.core().owner()));
+    assert!(g.release().await.unwrap());
+    let e = a
+        .renew(
+            g_grant_after_release(&a, &name).await.grant(),
+            Duration::from_secs(5),
+        )
+        .await;
+    drop(e);
+}
+
+/// Re-acquires `name` so the renew case ends holding nothing but its own fresh grant.
+async fn g_grant_after_release(c: &Arc<dyn DistributedLock>, name: &str) -> LockGuard {
+    let g = must_lock(c, name).await;
+    let grant = g.grant().clone();
+    assert!(g.release().await.unwrap());
+    let e = c.renew(&grant, Duration::from_secs(5)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Lost, "renew after release: {e}");
+    must_lock(c, name).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reentrancy
+
+async fn reentrant_acquire_counts_holds_and_keeps_the_token(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("re");
+    let g1 = must_lock(&a, &name).await;
+    let g2 = must_lock(&a, &name).await;
+    let g3 = must_lock(&a, &name).await;
+    assert_eq!(
+        (g1.hold_count(), g2.hold_count(), g3.hold_count()),
+        (1, 2, 3)
+    );
+    assert_eq!(g2.token(), g1.token());
+    assert_eq!(g3.token(), g1.token());
+    assert_eq!(a.holder(&name).await.unwrap().unwrap().hold_count, 3);
+    assert!(g3.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
+    assert_eq!(a.holder(&name).await.unwrap().unwrap().hold_count, 1);
+    assert!(
+        b.try_lock(&name).await.unwrap().is_none(),
+        "freed before the count hit zero"
+    );
+    assert!(g1.release().await.unwrap());
+    assert!(holder_of(&b, &name).await.is_none());
+    assert!(must_lock(&b, &name).await.release().await.unwrap());
+}
+
+async fn reacquire_by_holder_is_contended_without_reentrancy(cx: Ctx) {
+    let c = cx.client().await;
+    let name = cx.name("nre");
+    let g = must_lock(&c, &name).await;
+    assert!(c.try_lock(&name).await.unwrap().is_none());
+    let e = c.lock(&name, Duration::from_millis(200)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(g.release().await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+
+async fn wait_bound_is_honoured_with_timeout(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("wb");
+    let g = must_lock(&a, &name).await;
+    let wait = Duration::from_millis(600);
+    let started = Instant::now();
+    let e = b.lock(&name, wait).await.expect_err("acquired a held lock");
+    let took = started.elapsed();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.is_temporary());
+    assert!(
+        took >= wait,
+        "gave up after {took:?}, before the bound of {wait:?}"
+    );
+    assert!(
+        took < wait + Duration::from_secs(3),
+        "overran the bound: {took:?}"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+async fn waiter_is_woken_promptly_by_release(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("wake");
+    // A long lease, so that only the release can explain a prompt grant.
+    let g = a
+        .try_lock_with(&name, &watchdog(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let g = b.lock(&name, LONG_WAIT).await;
+            (Instant::now(), g)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = g.token();
+    let released_at = Instant::now();
+    assert!(g.release().await.unwrap());
+    let (granted_at, g2) = waiter.await.expect("waiter panicked");
+    let g2 = g2.expect("waiter failed");
+    let delay = granted_at.saturating_duration_since(released_at);
+    let bound = cx.harness().wake_bound();
+    assert!(
+        delay < bound,
+        "waiter took {delay:?} after the release (bound {bound:?})"
+    );
+    if a.capabilities().fencing_tokens() {
+        assert!(g2.token() > first);
+    }
+    assert!(g2.release().await.unwrap());
+}
+
+async fn waiter_takes_over_when_holder_lease_expires(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("crash");
+    // A holder that never releases: a crashed process. Its lease must free the lock.
+    let g = a
+        .try_lock_with(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let started = Instant::now();
+    let g2 = b
+        .lock(&name, ttl * 10 + Duration::from_secs(5))
+        .await
+        .expect("waiter stuck behind an expired holder");
+    assert!(
+        started.elapsed() >= ttl / 2,
+        "granted while the holder's lease was live"
+    );
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    std::mem::forget(g);
+    assert!(g2.release().await.unwrap());
+}
+
+async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
+    let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
+    let name = cx.name("cancel");
+    let g = must_lock(&a, &name).await;
+    // Several waiters, each cancelled at a different point of its wait.
+    for delay_ms in [0u64, 5, 50, 300] {
+        let b = b.clone();
+        let n = name.clone();
+        let waiter = tokio::spawn(async move { b.lock(&n, LONG_WAIT).await });
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+    }
+    assert!(g.release().await.unwrap());
+    // No phantom holder or queue entry stands in the way of the next contender.
+    let g2 = c
+        .lock(&name, Duration::from_secs(5))
+        .await
+        .expect("a cancelled waiter left something that blocks the lock");
+    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(c.core().owner()));
+    assert!(g2.release().await.unwrap());
+    // A waiter cancelled right as the lock is handed over must not keep it either.
+    let g = must_lock(&a, &name).await;
+    let n = name.clone();
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move { b2.lock(&n, LONG_WAIT).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let release = g.release();
+    waiter.abort();
+    assert!(release.await.unwrap());
+    let _ = waiter.await;
+    let g3 = c
+        .lock(&name, Duration::from_secs(10))
+        .await
+        .expect("a grant that raced a cancellation was not given back");
+    assert!(g3.release().await.unwrap());
+}
+
+async fn waiters_are_granted_in_fifo_order(cx: Ctx) {
+    const WAITERS: usize = 8;
+    let holder = cx.client().await;
+    let name = cx.name("fifo");
+    let g = must_lock(&holder, &name).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let c = cx.client().await;
+        let (n, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = c.lock(&n, Duration::from_secs(60)).await.expect("waiter");
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(g.release().await.unwrap());
+        }));
+        // Let each waiter queue before the next starts, so arrival order is defined.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(g.release().await.unwrap());
+    for t in tasks {
+        t.await.expect("waiter panicked");
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..WAITERS).collect::<Vec<_>>(), "not FIFO");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing
+
+async fn tokens_increase_across_release(cx: Ctx) {
+    let c = cx.client().await;
+    let name = cx.name("tok");
+    let mut last = FencingToken(0);
+    for i in 0..10 {
+        let g = must_lock(&c, &name).await;
+        assert!(
+            g.token() > last,
+            "cycle {i}: token {} after {last}",
+            g.token()
+        );
+        last = g.token();
+        assert!(g.release().await.unwrap());
+    }
+}
+
+async fn tokens_increase_across_owners(cx: Ctx) {
+    let clients = [cx.client().await, cx.client().await, cx.client().await];
+    let name = cx.name("toko");
+    let mut last = FencingToken(0);
+    for i in 0..12 {
+        let c = &clients[i % clients.len()];
+        let owner = OwnerId::new(format!("owner-{}", i % 5)).unwrap();
+        let g = c
+            .lock_with(
+                &name,
+                &LockOptions::new().owner(owner).wait(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        assert!(
+            g.token() > last,
+            "grant {i}: token {} after {last}",
+            g.token()
+        );
+        last = g.token();
+        assert!(g.release().await.unwrap());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guards and scale
+
+async fn dropped_guard_frees_the_lock(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("drop");
+    let g = a
+        .try_lock_with(&name, &watchdog(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("free");
+    drop(g);
+    // Well inside the 60 s lease: only the drop's background release explains the grant.
+    let g2 = b
+        .lock(&name, Duration::from_secs(10))
+        .await
+        .expect("a dropped guard kept the lock");
+    assert_eq!(
+        a.core().guards_watched(),
+        0,
+        "the dropped guard is still being renewed"
+    );
+    assert!(g2.release().await.unwrap());
+}
+
+async fn many_distinct_names_held_at_once(cx: Ctx) {
+    const N: usize = 100;
+    let (a, b) = (cx.client().await, cx.client().await);
+    let names: Vec<String> = (0..N).map(|i| cx.name(&format!("many-{i}"))).collect();
+    let guards: Vec<LockGuard> = join_all(names.iter().map(|n| must_lock(&a, n))).await;
+    let mut tokens_seen = std::collections::HashSet::new();
+    for (g, n) in guards.iter().zip(&names) {
+        assert_eq!(g.name().as_str(), n);
+        tokens_seen.insert(g.token());
+    }
+    for n in names.iter().step_by(10) {
+        assert!(b.try_lock(n).await.unwrap().is_none(), "{n} not held");
+    }
+    let released = join_all(guards.into_iter().map(|g| g.release())).await;
+    assert!(
+        released.into_iter().all(|r| r.unwrap()),
+        "some lock was lost before release"
+    );
+    for n in names.iter().step_by(10) {
+        assert!(holder_of(&b, n).await.is_none(), "{n} still held");
+    }
+}
+
+async fn mutual_exclusion_under_contention(cx: Ctx) {
+    const TASKS: usize = 16;
+    const ROUNDS: u64 = 5;
+    let name = cx.name("mutex");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicU32::new(0));
+    let log = Arc::new(Mutex::new(Vec::<(Instant, Instant, FencingToken)>::new()));
+    let fencing = cx.harness().capabilities().fencing_tokens();
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let c = cx.client().await;
+        let (name, counter, inside, log) =
+            (name.clone(), counter.clone(), inside.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c
+                    .lock(&name, Duration::from_secs(90))
+                    .await
+                    .expect("acquire");
+                let entered = Instant::now();
+                let others = inside.fetch_add(1, Ordering::SeqCst);
+                // Read, sleep, write: an unsynchronised increment that only the lock protects.
+                let v = counter.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                let left = Instant::now();
+                log.lock().unwrap().push((entered, left, g.token()));
+                assert_eq!(others, 0, "two holders inside the critical section at once");
+                assert!(!g.is_lost(), "lost while holding: {:?}", g.lost_reason());
+                assert!(
+                    g.release().await.unwrap(),
+                    "lock lost during the critical section"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("contender panicked");
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        TASKS as u64 * ROUNDS,
+        "lost updates"
+    );
+    let mut log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), TASKS * ROUNDS as usize);
+    log.sort_by_key(|e| e.0);
+    for w in log.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0,
+            "critical sections overlap: {:?} and {:?}",
+            w[0],
+            w[1]
+        );
+        if fencing {
+            assert!(
+                w[1].2 > w[0].2,
+                "tokens out of order: {} then {}",
+                w[0].2,
+                w[1].2
+            );
+        }
+    }
+}
