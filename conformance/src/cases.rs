@@ -98,6 +98,7 @@ cases! {
     waiter_is_woken_promptly_by_release: always,
     waiter_takes_over_when_holder_lease_expires: per_lock_ttl,
     cancelled_acquire_leaves_nothing_behind: always,
+    grant_racing_a_cancellation_is_given_back: always,
     waiters_are_granted_in_fifo_order: fair,
     tokens_increase_across_release: fencing,
     tokens_increase_across_owners: fencing,
@@ -813,6 +814,7 @@ async fn waiter_takes_over_when_holder_lease_expires(cx: Ctx) {
 async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
     let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
     let name = cx.name("cancel");
+    let lock_name = LockName::new(&name).unwrap();
     let g = must_lock(&a, &name).await;
     // Several waiters, each cancelled at a different point of its wait.
     for delay_ms in [0u64, 5, 50, 300] {
@@ -823,6 +825,16 @@ async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
         waiter.abort();
         assert!(waiter.await.unwrap_err().is_cancelled());
     }
+    // While the lock is still held, the server keeps no queue entry of theirs.
+    let mut queued = None;
+    for _ in 0..50 {
+        queued = cx.harness().waiters(&lock_name).await.expect("waiters hook");
+        if queued.unwrap_or(0) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(queued.unwrap_or(0) == 0, "cancelled waiters left {queued:?} queue entries");
     assert!(g.release().await.unwrap());
     // No phantom holder or queue entry stands in the way of the next contender.
     let g2 = c
@@ -831,21 +843,31 @@ async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
         .expect("a cancelled waiter left something that blocks the lock");
     assert_eq!(holder_of(&c, &name).await.as_ref(), Some(c.core().owner()));
     assert!(g2.release().await.unwrap());
-    // A waiter cancelled right as the lock is handed over must not keep it either.
+}
+
+async fn grant_racing_a_cancellation_is_given_back(cx: Ctx) {
+    let (a, b, c) = (cx.client().await, cx.client().await, cx.client().await);
+    let name = cx.name("race");
     let g = must_lock(&a, &name).await;
-    let n = name.clone();
-    let b2 = b.clone();
-    let waiter = tokio::spawn(async move { b2.lock(&n, LONG_WAIT).await });
+    // The waiter asks for a long lease: only giving the grant back, not its expiry, can free
+    // the lock in time for the last contender.
+    let long = watchdog(Duration::from_secs(60)).wait(LONG_WAIT);
+    let mut waiting = Box::pin(b.lock_with(&name, &long));
+    for _ in 0..5 {
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "acquired a held lock");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    // Hand the lock over while the waiter is not being polled, then drop the waiter unpolled:
+    // whatever the server granted it must be given back.
+    assert!(g.release().await.unwrap());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let release = g.release();
-    waiter.abort();
-    assert!(release.await.unwrap());
-    let _ = waiter.await;
-    let g3 = c
+    drop(waiting);
+    let g2 = c
         .lock(&name, Duration::from_secs(10))
         .await
-        .expect("a grant that raced a cancellation was not given back");
-    assert!(g3.release().await.unwrap());
+        .expect("a grant that raced a cancellation was kept without a guard");
+    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(c.core().owner()));
+    assert!(g2.release().await.unwrap());
 }
 
 async fn waiters_are_granted_in_fifo_order(cx: Ctx) {

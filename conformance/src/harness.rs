@@ -57,6 +57,15 @@ pub trait Harness: Send + Sync + 'static {
         Duration::from_secs(1)
     }
 
+    /// How many waiters the server has queued for `name`: contender nodes/keys other than the
+    /// holder's (ZooKeeper, etcd), subscribers of its release channel (Redis), queue entries
+    /// (memory). `None` where the backend keeps no waiter state on the server (polling ones).
+    /// Lets the cancellation cases prove a dropped acquire left no queue entry behind.
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
+        let _ = name;
+        Ok(None)
+    }
+
     /// Checks after the suite's cases ran that the backend left nothing behind for the
     /// suite's names (no lock keys, rows, nodes, waiters); `prefix` is the unique prefix every
     /// name of this run starts with. Default: nothing to check.

@@ -31,6 +31,9 @@ impl distlock_conformance::Harness for Memory {
         self.store.remove(name);
         Ok(())
     }
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
+        Ok(Some(self.store.waiters_for(name)))
+    }
     fn short_ttl(&self) -> Duration {
         Duration::from_millis(300)
     }

@@ -1,1 +1,15 @@
-//! x
+#![doc = include_str!("../../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod connect;
+mod table;
+
+pub use connect::{connect, schemes};
+pub use distlock_api::*;
+pub use table::capability_table;
+
+/// The in-memory backend (always available).
+pub mod memory {
+    pub use distlock_api::memory::*;
+}

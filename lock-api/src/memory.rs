@@ -208,6 +208,11 @@ impl MemoryStore {
         self.lock().slots.len()
     }
 
+    /// How many waiters are queued for `name`.
+    pub fn waiters_for(&self, name: &LockName) -> usize {
+        self.lock().slots.get(name).map_or(0, |s| s.waiters.len())
+    }
+
     /// How many waiters are queued, over all names.
     pub fn waiters(&self) -> usize {
         self.lock().slots.values().map(|s| s.waiters.len()).sum()

@@ -1,0 +1,124 @@
+//! Picking a backend from a URL at run time.
+
+use std::sync::Arc;
+
+use distlock_api::{DistributedLock, Error, ErrorKind, MemoryLock, Result};
+
+/// The URL schemes [`connect`] knows, with the Cargo feature each needs (`None`: always on)
+/// and whether this build has it.
+pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
+    vec![
+        ("memory", None, true),
+        ("redis", Some("redis"), cfg!(feature = "redis")),
+        ("rediss", Some("redis"), cfg!(feature = "redis")),
+        ("redlock", Some("redis"), cfg!(feature = "redis")),
+        ("mysql", Some("mysql"), cfg!(feature = "mysql")),
+        ("mariadb", Some("mysql"), cfg!(feature = "mysql")),
+        ("mongodb", Some("mongo"), cfg!(feature = "mongo")),
+        ("zk", Some("zk"), cfg!(feature = "zk")),
+        ("etcd", Some("etcd"), cfg!(feature = "etcd")),
+    ]
+}
+
+/// Connects to the backend the URL's scheme names and returns it as a shared trait object:
+///
+/// | URL | backend | feature |
+/// |---|---|---|
+/// | `memory://` | in-process [`MemoryLock`] | — |
+/// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
+/// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
+/// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL / MariaDB | `mysql` |
+/// | `mongodb://host:27017/db` | MongoDB | `mongo` |
+/// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zk` |
+/// | `etcd://h1:2379,h2:2379` | etcd | `etcd` |
+///
+/// A malformed URL, or a scheme whose feature this build lacks, is
+/// [`ErrorKind::InvalidArgument`] / [`ErrorKind::Unsupported`] before any I/O; an unreachable
+/// server is [`ErrorKind::Unavailable`] within the backend's connect timeout.
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    let scheme = match url.split_once("://") {
+        Some((s, _)) if !s.is_empty() => s.to_ascii_lowercase(),
+        _ => {
+            return Err(Error::invalid(format!(
+                "{url:?} is not a lock URL: expected scheme://…, one of {}",
+                schemes()
+                    .iter()
+                    .map(|s| s.0)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+    };
+    let Some(&(_, feature, enabled)) = schemes().iter().find(|s| s.0 == scheme) else {
+        return Err(Error::invalid(format!(
+            "unknown lock URL scheme {scheme:?} in {url:?}"
+        )));
+    };
+    if !enabled {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{scheme}:// needs distlock's `{}` Cargo feature, which this build lacks",
+                feature.unwrap_or("?")
+            ),
+        ));
+    }
+    match scheme.as_str() {
+        "memory" => {
+            if !matches!(url, "memory://" | "memory:///") {
+                return Err(Error::invalid(format!(
+                    "the memory backend takes no host or options: use \"memory://\", not {url:?}"
+                )));
+            }
+            Ok(Arc::new(MemoryLock::new()))
+        }
+        _ => backends::connect(&scheme, url).await,
+    }
+}
+
+/// The capabilities of every server backend compiled in, by display name.
+pub(crate) fn backend_capabilities() -> Vec<(&'static str, distlock_api::Capabilities)> {
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    v
+}
+
+mod backends {
+    use super::*;
+
+    pub(super) async fn connect(scheme: &str, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("no backend for {scheme}:// ({url:?})"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_urls_are_invalid_argument() {
+        for bad in ["", "redis", "://x", "nope://x", "memory://somewhere"] {
+            let e = connect(bad).await.err().expect(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_url_connects() {
+        let lock = connect("memory://").await.unwrap();
+        assert_eq!(lock.core().backend(), "memory");
+    }
+
+    #[tokio::test]
+    async fn scheme_without_its_feature_is_unsupported() {
+        for (scheme, _, enabled) in schemes() {
+            if !enabled {
+                let e = connect(&format!("{scheme}://127.0.0.1:1")).await.err().unwrap();
+                assert_eq!(e.kind(), ErrorKind::Unsupported, "{scheme}: {e}");
+            }
+        }
+    }
+}
