@@ -200,11 +200,8 @@ impl LockGuard {
                     }
                 };
                 tokio::select! {
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            return LostReason::Released;
-                        }
-                    }
+                    // The sender lives in `state`, which this future holds: never closed.
+                    _ = rx.changed() => {}
                     _ = sleep => {}
                 }
             }
@@ -237,6 +234,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         self.backend.core().watchdog().deregister(self.entry);
+        self.state.fire(LostReason::Released);
         self.backend
             .release(&self.grant)
             .await
@@ -250,6 +248,7 @@ impl Drop for LockGuard {
             return;
         }
         self.backend.core().watchdog().deregister(self.entry);
+        self.state.fire(LostReason::Released);
         // Without a runtime there is nothing to release on; the lease expires by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();
