@@ -828,13 +828,20 @@ async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
     // While the lock is still held, the server keeps no queue entry of theirs.
     let mut queued = None;
     for _ in 0..50 {
-        queued = cx.harness().waiters(&lock_name).await.expect("waiters hook");
+        queued = cx
+            .harness()
+            .waiters(&lock_name)
+            .await
+            .expect("waiters hook");
         if queued.unwrap_or(0) == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(queued.unwrap_or(0) == 0, "cancelled waiters left {queued:?} queue entries");
+    assert!(
+        queued.unwrap_or(0) == 0,
+        "cancelled waiters left {queued:?} queue entries"
+    );
     assert!(g.release().await.unwrap());
     // No phantom holder or queue entry stands in the way of the next contender.
     let g2 = c
@@ -854,7 +861,10 @@ async fn grant_racing_a_cancellation_is_given_back(cx: Ctx) {
     let long = watchdog(Duration::from_secs(60)).wait(LONG_WAIT);
     let mut waiting = Box::pin(b.lock_with(&name, &long));
     for _ in 0..5 {
-        assert!(futures::poll!(waiting.as_mut()).is_pending(), "acquired a held lock");
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "acquired a held lock"
+        );
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
     // Hand the lock over while the waiter is not being polled, then drop the waiter unpolled:

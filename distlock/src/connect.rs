@@ -41,11 +41,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
         _ => {
             return Err(Error::invalid(format!(
                 "{url:?} is not a lock URL: expected scheme://…, one of {}",
-                schemes()
-                    .iter()
-                    .map(|s| s.0)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                schemes().iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
             )))
         }
     };
@@ -116,7 +112,10 @@ mod tests {
     async fn scheme_without_its_feature_is_unsupported() {
         for (scheme, _, enabled) in schemes() {
             if !enabled {
-                let e = connect(&format!("{scheme}://127.0.0.1:1")).await.err().unwrap();
+                let e = connect(&format!("{scheme}://127.0.0.1:1"))
+                    .await
+                    .err()
+                    .unwrap();
                 assert_eq!(e.kind(), ErrorKind::Unsupported, "{scheme}: {e}");
             }
         }

@@ -5,7 +5,8 @@ use distlock_api::{Blocking, Capabilities, Fencing, LeaseKind};
 /// The capability table of every backend this build includes, as Markdown. The README carries
 /// the table of a build with every feature, and a test keeps the two equal.
 pub fn capability_table() -> String {
-    let mut rows: Vec<(&str, Capabilities)> = vec![("in-memory", distlock_api::memory::CAPABILITIES)];
+    let mut rows: Vec<(&str, Capabilities)> =
+        vec![("in-memory", distlock_api::memory::CAPABILITIES)];
     rows.extend(crate::connect::backend_capabilities());
     let mut out = String::from(
         "| backend | reentrant | waiting | lease | fair (FIFO) | fencing token | watchdog renewal |\n\
@@ -41,7 +42,13 @@ pub fn capability_table() -> String {
 mod tests {
     /// The README's table must be what the code says, for a build with every backend.
     #[test]
-    #[cfg(all(feature = "redis", feature = "mysql", feature = "mongo", feature = "zk", feature = "etcd"))]
+    #[cfg(all(
+        feature = "redis",
+        feature = "mysql",
+        feature = "mongo",
+        feature = "zk",
+        feature = "etcd"
+    ))]
     fn readme_table_matches_the_capabilities() {
         let readme = include_str!("../../README.md");
         let table = super::capability_table();
