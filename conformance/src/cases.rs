@@ -105,6 +105,7 @@ cases! {
     dropped_guard_frees_the_lock: always,
     many_distinct_names_held_at_once: always,
     mutual_exclusion_under_contention: always,
+    killed_holder_process_frees_the_lock_after_its_lease: remote,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1062,4 +1063,52 @@ async fn mutual_exclusion_under_contention(cx: Ctx) {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults
+
+async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
+    use tokio::io::AsyncBufReadExt;
+    let name = cx.name("killed");
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = tokio::process::Command::new(exe)
+        .env(crate::runner::HOLDER_CHILD_ENV, &name)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the holder process");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the holder process did not take the lock within 30 s")
+        .expect("read the holder's stdout")
+        .expect("the holder process exited without taking the lock");
+    let child_token: u64 = line
+        .strip_prefix("HELD ")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
+    let other = cx.client().await;
+    assert!(
+        other.try_lock(&name).await.unwrap().is_none(),
+        "the holder process does not hold it"
+    );
+    // SIGKILL: no release, no session close, no lease revoke. Only the lease can free it.
+    child.start_kill().expect("kill the holder");
+    let _ = child.wait().await;
+    let killed = Instant::now();
+    let g = other
+        .lock(&name, Duration::from_secs(60))
+        .await
+        .expect("the lock of a killed holder was never freed");
+    eprintln!("freed {:?} after the holder was killed", killed.elapsed());
+    if other.capabilities().fencing_tokens() {
+        assert!(
+            g.token().0 > child_token,
+            "token {} after the dead holder's {child_token}",
+            g.token()
+        );
+    }
+    assert!(g.release().await.unwrap());
 }

@@ -95,8 +95,11 @@ pub fn skipped_by_env(backend: &str) -> bool {
 /// }
 /// ```
 pub fn run<H: Harness>(harness: H) -> ExitCode {
-    let args = Arguments::from_args();
     let h: Arc<dyn Harness> = Arc::new(harness);
+    if let Ok(name) = std::env::var(HOLDER_CHILD_ENV) {
+        return holder_child(h, &name);
+    }
+    let args = Arguments::from_args();
     let backend = h.backend();
     let caps = h.capabilities();
     let remote = !matches!(backend, "memory");
@@ -130,6 +133,40 @@ pub fn run<H: Harness>(harness: H) -> ExitCode {
         })
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Set on a child process of the suite's own test binary that acquires the named lock, says
+/// so on stdout, and holds it until it is killed: a holder that dies without releasing.
+pub(crate) const HOLDER_CHILD_ENV: &str = "DISTLOCK_CONFORMANCE_HOLDER";
+
+fn holder_child(h: Arc<dyn Harness>, name: &str) -> ExitCode {
+    use distlock_api::LockExt;
+    use std::io::Write;
+    let Ok(rt) = tokio::runtime::Runtime::new() else {
+        return ExitCode::FAILURE;
+    };
+    rt.block_on(async {
+        let client = match h.client().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("holder child: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let guard = match client.lock(name, Duration::from_secs(20)).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("holder child: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("HELD {}", guard.token().0);
+        let _ = std::io::stdout().flush();
+        // Bounded, in case the parent dies before killing us.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(guard);
+        ExitCode::SUCCESS
+    })
 }
 
 fn run_case(h: Arc<dyn Harness>, case: &'static Case) -> Result<(), Failed> {
