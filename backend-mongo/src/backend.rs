@@ -1,0 +1,672 @@
+//! The MongoDB client handle and its [`DistributedLock`] implementation.
+
+use std::future::{Future, IntoFuture};
+use std::time::{Duration, Instant};
+
+use distlock_api::wait::{self, Attempt, Backoff};
+use distlock_api::{
+    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
+    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+};
+use futures::TryStreamExt;
+use mongodb::bson::{doc, Bson, Document};
+use mongodb::error::{ErrorKind as DriverKind, WriteFailure};
+use mongodb::options::{
+    ClientOptions, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
+    SelectionCriteria, WriteConcern,
+};
+use mongodb::{Client, Collection};
+use tokio::sync::oneshot;
+
+use crate::commands::{self, COUNT, OWNER, REMAINING_MS, TOKEN};
+use crate::config::{driver_message, MongoConfig};
+use crate::BACKEND;
+
+/// What the MongoDB backend promises.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    blocking: Blocking::Poll,
+    ttl: TtlSupport {
+        kind: LeaseKind::PerLock,
+        // BSON dates and `$$NOW` count milliseconds.
+        min: Duration::from_millis(1),
+        granularity: Duration::from_millis(1),
+    },
+    fair: false,
+    fencing: Fencing::Durable,
+    renewal: true,
+};
+
+/// How long a waiter sleeps at most between two attempts; the holder's expiry (read from the
+/// server with each attempt) wakes it earlier.
+pub const POLL_CAP: Duration = Duration::from_millis(100);
+
+/// The duplicate-key error code: a concurrent upsert inserted the document first.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Server error codes that mean "not now": the node is stepping down, shutting down, not
+/// primary, or a network or time limit on the server's side was hit. The operation did not
+/// take effect or, for write-concern timeouts, its outcome is unknown; either way a retry may
+/// succeed.
+const TEMPORARY_CODES: &[i32] = &[
+    6,     // HostUnreachable
+    7,     // HostNotFound
+    50,    // MaxTimeMSExpired
+    64,    // WriteConcernFailed (wtimeout)
+    89,    // NetworkTimeout
+    91,    // ShutdownInProgress
+    189,   // PrimarySteppedDown
+    262,   // ExceededTimeLimit
+    9001,  // SocketException
+    10107, // NotWritablePrimary
+    11600, // InterruptedAtShutdown
+    11602, // InterruptedDueToReplStateChange
+    13435, // NotPrimaryNoSecondaryOk
+    13436, // NotPrimaryOrSecondary
+];
+
+/// What the server reported at connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The version `buildInfo` reports.
+    pub version: String,
+    /// The replica set's name from `hello`, `None` for a standalone server or a mongos.
+    pub replica_set: Option<String>,
+}
+
+/// A MongoDB client handle: its own connection pool, owner id and watchdog.
+///
+/// Locks live in one document per name in the configured collection (see the crate docs for
+/// the algorithm and the safety model).
+pub struct MongoLock {
+    core: ClientCore,
+    locks: Collection<Document>,
+    operation_timeout: Duration,
+    server: ServerInfo,
+}
+
+impl MongoLock {
+    /// Connects and checks that the server answers, within the configured connect timeout:
+    /// an unreachable server is [`ErrorKind::Unavailable`], never a hang. Also refuses a lock
+    /// collection whose default collation is not binary (it would merge names that differ
+    /// only in case).
+    pub async fn connect(config: MongoConfig) -> Result<Self> {
+        let endpoint = config.endpoint.clone();
+        // The driver's server selection gives up at the connect timeout; the margin only covers
+        // the reply of the server it selected.
+        let bound = config.connect_timeout + Duration::from_millis(500);
+        match tokio::time::timeout(bound, Self::connect_inner(config)).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no answer from MongoDB at {endpoint} within {bound:?}"),
+            )
+            .with_backend(BACKEND)),
+        }
+    }
+
+    async fn connect_inner(config: MongoConfig) -> Result<Self> {
+        let endpoint = config.endpoint.clone();
+        let at = |e: mongodb::error::Error, what: &str| map_err(e, &format!("{what} {endpoint}"));
+        let mut options = ClientOptions::parse(config.conn.clone())
+            .await
+            .map_err(|e| at(e, "cannot resolve"))?;
+        options.connect_timeout = Some(config.connect_timeout);
+        options.server_selection_timeout = Some(config.connect_timeout);
+        options.app_name.get_or_insert_with(|| "distlock".into());
+        let client = Client::with_options(options).map_err(|e| {
+            Error::invalid(format!(
+                "bad MongoDB client options: {}",
+                driver_message(&e)
+            ))
+            .with_backend(BACKEND)
+        })?;
+        let admin = client.database("admin");
+        let hello = admin
+            .run_command(doc! { "hello": 1 })
+            .await
+            .map_err(|e| at(e, "cannot reach"))?;
+        let build = admin
+            .run_command(doc! { "buildInfo": 1 })
+            .await
+            .map_err(|e| at(e, "cannot query"))?;
+        let server = ServerInfo {
+            version: build.get_str("version").unwrap_or("unknown").to_string(),
+            replica_set: hello.get_str("setName").ok().map(str::to_string),
+        };
+        let db = client.database(&config.database);
+        check_collation(&db, &config.collection).await?;
+        // A grant is acknowledged only once a majority has it in its journal, so a failover
+        // cannot roll it back (and with it the fencing counter) after the caller acted on it.
+        let mut write_concern = WriteConcern::majority();
+        write_concern.journal = Some(true);
+        write_concern.w_timeout = Some(config.operation_timeout);
+        let locks = db.collection_with_options(
+            &config.collection,
+            CollectionOptions::builder()
+                // A secondary may lag; lock state is read where it is written.
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .write_concern(write_concern)
+                .read_concern(ReadConcern::majority())
+                .build(),
+        );
+        let mut core = ClientCore::new(BACKEND).with_default_ttl(config.default_ttl)?;
+        if let Some(owner) = config.owner {
+            core = core.with_owner(owner);
+        }
+        Ok(Self {
+            core,
+            locks,
+            operation_timeout: config.operation_timeout,
+            server,
+        })
+    }
+
+    /// What the server reported at connect: its version and replica set.
+    pub fn server(&self) -> &ServerInfo {
+        &self.server
+    }
+
+    /// The collection holding the lock documents, with the backend's read and write concerns.
+    /// Read it freely; never delete its documents (each holds its lock's fencing counter).
+    pub fn collection(&self) -> &Collection<Document> {
+        &self.locks
+    }
+
+    /// Runs one driver operation bounded by the operation timeout.
+    async fn bounded<T>(
+        &self,
+        name: &LockName,
+        what: &'static str,
+        op: impl Future<Output = mongodb::error::Result<T>>,
+    ) -> Result<T> {
+        bounded(self.operation_timeout, what, op)
+            .await
+            .map_err(|e| e.with_lock(name))
+    }
+
+    /// One acquire attempt. The request runs in a task of its own so that dropping the caller
+    /// at any await point cannot leave a grant without a guard: if nobody is listening when
+    /// the answer comes back, the task gives the grant back itself.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let (tx, rx) = oneshot::channel();
+        let job = AcquireJob {
+            locks: self.locks.clone(),
+            req: req.clone(),
+            timeout: self.operation_timeout,
+        };
+        tokio::spawn(async move {
+            let outcome = job.run().await;
+            if let Err(Ok(Attempt::Granted(grant))) = tx.send(outcome) {
+                // The caller went away (its acquire was cancelled) while the grant was in
+                // flight: give it back, or it would block others until its lease ran out.
+                let _ = release_grant(&job.locks, job.timeout, &grant).await;
+            }
+        });
+        // The task's operations are each bounded by the operation timeout, so it answers; the
+        // channel only closes without an answer if the runtime drops the task (shutdown).
+        rx.await.unwrap_or_else(|_| {
+            Err(
+                Error::new(ErrorKind::Unavailable, "the acquire request was abandoned")
+                    .with_backend(BACKEND)
+                    .with_lock(&req.name),
+            )
+        })
+    }
+}
+
+impl std::fmt::Debug for MongoLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MongoLock")
+            .field("owner", self.core.owner())
+            .field(
+                "namespace",
+                &format!(
+                    "{}.{}",
+                    self.locks.namespace().db,
+                    self.locks.namespace().coll
+                ),
+            )
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+/// Refuses a collection whose default collation is not the binary one.
+async fn check_collation(db: &mongodb::Database, collection: &str) -> Result<()> {
+    let reply = db
+        .run_command(doc! {
+            "listCollections": 1,
+            "filter": { "name": collection },
+            "authorizedCollections": true,
+        })
+        .await;
+    let reply = match reply {
+        Ok(r) => r,
+        // Without the privilege to list collections the check cannot run; locking still works.
+        Err(e) if command_code(&e) == Some(13) => return Ok(()),
+        Err(e) => return Err(map_err(e, "cannot list the lock collection")),
+    };
+    let spec = reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|b| b.first())
+        .and_then(Bson::as_document);
+    let Some(spec) = spec else {
+        // Created on first use, with the simple (binary) collation.
+        return Ok(());
+    };
+    if spec.get_str("type").is_ok_and(|t| t != "collection") {
+        return Err(Error::invalid(format!(
+            "{:?} is a {}, not a collection",
+            collection,
+            spec.get_str("type").unwrap_or("?")
+        ))
+        .with_backend(BACKEND));
+    }
+    let locale = spec
+        .get_document("options")
+        .ok()
+        .and_then(|o| o.get_document("collation").ok())
+        .and_then(|c| c.get_str("locale").ok());
+    match locale {
+        None | Some("simple") => Ok(()),
+        Some(locale) => Err(Error::invalid(format!(
+            "the lock collection {collection:?} has the default collation {locale:?}, which can \
+             merge names that differ in case or accents; use a collection with the simple \
+             (binary) collation"
+        ))
+        .with_backend(BACKEND)),
+    }
+}
+
+/// An acquire request, owned so it can run in a task of its own.
+struct AcquireJob {
+    locks: Collection<Document>,
+    req: AcquireRequest,
+    timeout: Duration,
+}
+
+impl AcquireJob {
+    async fn run(&self) -> Result<Attempt> {
+        let ttl_ms = ttl_millis(self.req.ttl);
+        // A duplicate key means a concurrent upsert created the document first; the next try
+        // finds it and decides normally. mongod retries such upserts itself, so a second
+        // duplicate key is all but impossible and is answered as "held".
+        for _ in 0..2 {
+            let sent_at = Instant::now();
+            let op = self
+                .locks
+                .find_one_and_update(
+                    commands::by_name(self.req.name.as_str()),
+                    commands::acquire_pipeline(self.req.owner.as_str(), ttl_ms),
+                )
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .projection(commands::grant_projection());
+            let doc = match bounded(self.timeout, "acquire failed", op.into_future()).await {
+                Ok(doc) => doc,
+                Err(e) if e.duplicate_key => continue,
+                Err(e) => return Err(e.error.with_lock(&self.req.name)),
+            };
+            let doc = doc.ok_or_else(|| {
+                Error::new(ErrorKind::Backend, "the upsert returned no document")
+                    .with_lock(&self.req.name)
+            })?;
+            let state = State::read(&doc).map_err(|e| e.with_lock(&self.req.name))?;
+            if state.owner.as_deref() != Some(self.req.owner.as_str()) {
+                // Someone else holds it. The reply carries no server time, so ask how long the
+                // holder's lease runs, by the server's clock, to wake no later than its end.
+                let expires_in = read_state(&self.locks, self.timeout, &self.req.name)
+                    .await?
+                    .filter(State::is_held)
+                    .and_then(|s| s.remaining);
+                return Ok(Attempt::Held { expires_in });
+            }
+            return Ok(Attempt::Granted(Grant {
+                name: self.req.name.clone(),
+                owner: self.req.owner.clone(),
+                token: FencingToken(state.token),
+                hold_count: state.count,
+                ttl: Duration::from_millis(ttl_ms as u64),
+                sent_at,
+                key: String::new(),
+            }));
+        }
+        Ok(Attempt::Held { expires_in: None })
+    }
+}
+
+/// The lease in whole milliseconds, rounded up: the server counts milliseconds, and rounding
+/// down could turn 1.5 ms into 1 ms (or 0.5 ms into nothing).
+fn ttl_millis(ttl: Duration) -> i64 {
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms).unwrap_or(i64::MAX).max(1)
+}
+
+/// A lock document as the projections return it.
+struct State {
+    owner: Option<String>,
+    count: u32,
+    token: u64,
+    remaining: Option<Duration>,
+}
+
+impl State {
+    fn read(doc: &Document) -> Result<Self> {
+        let owner = match doc.get(OWNER) {
+            Some(Bson::String(s)) => Some(s.clone()),
+            None | Some(Bson::Null) => None,
+            Some(other) => return Err(malformed(OWNER, other)),
+        };
+        let int = |field: &str| -> Result<i64> {
+            match doc.get(field) {
+                None | Some(Bson::Null) => Ok(0),
+                Some(Bson::Int64(n)) => Ok(*n),
+                Some(Bson::Int32(n)) => Ok(i64::from(*n)),
+                Some(other) => Err(malformed(field, other)),
+            }
+        };
+        let count = u32::try_from(int(COUNT)?).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                "the lock document's hold count is out of range",
+            )
+        })?;
+        let token = u64::try_from(int(TOKEN)?).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                "the lock document's fencing counter is negative",
+            )
+        })?;
+        // `remaining_ms` is null when there is no expiry (a free lock).
+        let remaining = match doc.get(REMAINING_MS) {
+            Some(Bson::Int64(ms)) => Some(*ms),
+            Some(Bson::Int32(ms)) => Some(i64::from(*ms)),
+            Some(Bson::Double(ms)) => Some(*ms as i64),
+            _ => None,
+        }
+        .map(|ms| Duration::from_millis(ms.max(0) as u64));
+        Ok(Self {
+            owner,
+            count,
+            token,
+            remaining,
+        })
+    }
+
+    /// Held by someone, by the server's clock.
+    fn is_held(&self) -> bool {
+        self.owner.is_some() && self.remaining.is_some_and(|r| !r.is_zero())
+    }
+}
+
+fn malformed(field: &str, value: &Bson) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!(
+            "the lock document's {field:?} is a {:?}, not what this backend writes; is the \
+             collection used for something else?",
+            value.element_type()
+        ),
+    )
+}
+
+/// The lock's document with the lease left by the server's clock; `None` if it has none.
+async fn read_state(
+    locks: &Collection<Document>,
+    timeout: Duration,
+    name: &LockName,
+) -> Result<Option<State>> {
+    let read = async {
+        let cursor = locks
+            .aggregate(commands::inspect_pipeline(name.as_str()))
+            .await?;
+        cursor.try_collect::<Vec<Document>>().await
+    };
+    let docs = bounded(timeout, "inspect failed", read)
+        .await
+        .map_err(|e| e.with_lock(name))?;
+    docs.first()
+        .map(State::read)
+        .transpose()
+        .map_err(|e| e.with_lock(name))
+}
+
+/// Gives up one hold of `grant`: `true` if it still held the lock. A grant found expired (and
+/// not taken over) is cleared so the document shows the lock free; that changes nothing else,
+/// since an expired holder already counts as none.
+async fn release_grant(
+    locks: &Collection<Document>,
+    timeout: Duration,
+    grant: &Grant,
+) -> Result<bool> {
+    let (name, owner) = (grant.name.as_str(), grant.owner.as_str());
+    let Ok(token) = i64::try_from(grant.token.0) else {
+        return Ok(false);
+    };
+    let done = bounded(
+        timeout,
+        "release failed",
+        locks
+            .update_one(
+                commands::held_by(name, owner, token),
+                commands::release_pipeline(),
+            )
+            .into_future(),
+    )
+    .await
+    .map_err(|e| e.error)?;
+    if done.matched_count == 1 {
+        return Ok(true);
+    }
+    bounded(
+        timeout,
+        "release failed",
+        locks
+            .update_one(
+                commands::expired_grant(name, owner, token),
+                commands::free(),
+            )
+            .into_future(),
+    )
+    .await
+    .map_err(|e| e.error)?;
+    Ok(false)
+}
+
+#[async_trait]
+impl DistributedLock for MongoLock {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        Ok(match self.attempt(req).await? {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        let deadline = Instant::now() + wait;
+        wait::poll(
+            deadline,
+            Backoff::new(Duration::from_millis(2), POLL_CAP),
+            || self.attempt(req),
+        )
+        .await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        release_grant(&self.locks, self.operation_timeout, grant)
+            .await
+            .map_err(|e| e.with_lock(&grant.name))
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        let ttl_ms = ttl_millis(ttl);
+        let not_held = || {
+            lost(
+                &grant.name,
+                "the lock is no longer held by this grant (expired, released or taken over)",
+            )
+        };
+        let Ok(token) = i64::try_from(grant.token.0) else {
+            return Err(not_held());
+        };
+        let done = self
+            .bounded(
+                &grant.name,
+                "renew failed",
+                self.locks
+                    .update_one(
+                        commands::held_by(grant.name.as_str(), grant.owner.as_str(), token),
+                        commands::renew_pipeline(ttl_ms),
+                    )
+                    .into_future(),
+            )
+            .await?;
+        if done.matched_count == 1 {
+            Ok(Duration::from_millis(ttl_ms as u64))
+        } else {
+            Err(not_held())
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let Some(state) = read_state(&self.locks, self.operation_timeout, name)
+            .await?
+            .filter(State::is_held)
+        else {
+            return Ok(None);
+        };
+        let owner = state.owner.as_deref().unwrap_or_default();
+        let owner = distlock_api::OwnerId::new(owner).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("the lock document's owner {owner:?} is not an owner id"),
+            )
+            .with_lock(name)
+        })?;
+        Ok(Some(LockInfo {
+            owner,
+            hold_count: state.count,
+            token: FencingToken(state.token),
+            remaining: state.remaining,
+        }))
+    }
+}
+
+/// A driver error mapped to ours, remembering whether it was a duplicate key.
+struct OpError {
+    error: Error,
+    duplicate_key: bool,
+}
+
+impl OpError {
+    fn with_lock(self, name: &LockName) -> Error {
+        self.error.with_lock(name)
+    }
+}
+
+/// Runs `op` for at most `timeout`: the driver has no per-operation deadline of its own, and
+/// a server that accepts a connection but never answers must not hang a caller.
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    op: impl Future<Output = mongodb::error::Result<T>>,
+) -> std::result::Result<T, OpError> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(OpError {
+            duplicate_key: command_code(&e) == Some(DUPLICATE_KEY),
+            error: map_err(e, what),
+        }),
+        Err(_) => Err(OpError {
+            error: Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: no answer from MongoDB within {timeout:?}"),
+            )
+            .with_backend(BACKEND),
+            duplicate_key: false,
+        }),
+    }
+}
+
+/// The server's error code, wherever the driver put it.
+fn command_code(e: &mongodb::error::Error) -> Option<i32> {
+    match e.kind.as_ref() {
+        DriverKind::Command(c) => Some(c.code),
+        DriverKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        DriverKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// Maps a driver error: unreachable, timed out, or a node that is not (or no longer) primary is
+/// `Unavailable` and temporary; a write-concern timeout too (its outcome is unknown); the rest
+/// is `Backend`.
+pub(crate) fn map_err(e: mongodb::error::Error, what: &str) -> Error {
+    let kind = match e.kind.as_ref() {
+        DriverKind::Io(_)
+        | DriverKind::ServerSelection { .. }
+        | DriverKind::ConnectionPoolCleared { .. }
+        | DriverKind::DnsResolve { .. }
+        | DriverKind::Shutdown => ErrorKind::Unavailable,
+        DriverKind::InvalidArgument { .. } | DriverKind::InvalidTlsConfig { .. } => {
+            ErrorKind::InvalidArgument
+        }
+        _ if command_code(&e).is_some_and(|c| TEMPORARY_CODES.contains(&c)) => {
+            ErrorKind::Unavailable
+        }
+        _ if e.contains_label("RetryableWriteError") => ErrorKind::Unavailable,
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, what.to_string())
+        .with_backend(BACKEND)
+        .with_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_whole_milliseconds_rounded_up() {
+        assert_eq!(ttl_millis(Duration::from_millis(400)), 400);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_secs(7 * 24 * 3600)), 604_800_000);
+    }
+
+    #[test]
+    fn docs_show_the_capability_checklist() {
+        assert!(include_str!("../docs.md").contains(&CAPABILITIES.checklist()));
+    }
+
+    #[test]
+    fn state_reads_what_the_projection_returns() {
+        let s = State::read(&doc! { "_id": "n", "owner": "me", "count": 2_i64, "token": 7_i64, "remaining_ms": 250_i64 }).unwrap();
+        assert_eq!(s.owner.as_deref(), Some("me"));
+        assert_eq!((s.count, s.token), (2, 7));
+        assert_eq!(s.remaining, Some(Duration::from_millis(250)));
+        assert!(s.is_held());
+        let expired = State::read(
+            &doc! { "owner": "me", "count": 1_i64, "token": 7_i64, "remaining_ms": -5_i64 },
+        )
+        .unwrap();
+        assert!(!expired.is_held());
+        let free = State::read(&doc! { "owner": Bson::Null, "count": 0_i64, "token": 7_i64, "remaining_ms": Bson::Null }).unwrap();
+        assert!(!free.is_held());
+        assert_eq!(
+            State::read(&doc! { "owner": 5 }).err().map(|e| e.kind()),
+            Some(ErrorKind::Backend)
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! The filters and update pipelines the backend sends, in one place.
+//!
+//! One document per lock name, never deleted by the backend:
+//!
+//! ```text
+//! { _id: <lock name>, owner: <owner id> | null, count: <i64 hold count>,
+//!   token: <i64 fencing counter>, expires_at: <date> | null }
+//! ```
+//!
+//! Every expiry judgement uses `$$NOW`, the server's clock, evaluated once per command. The
+//! operators are those of MongoDB 5.0 (`$dateAdd` and `$dateDiff` are the newest), chosen to
+//! also run on the MongoDB-compatible server the tests use: it lacks date arithmetic with
+//! `$add`/`$subtract`, `$max` of dates and expressions in `find`/`findAndModify` projections,
+//! so none of those is used.
+
+use mongodb::bson::{doc, Bson, Document};
+
+/// The holder's owner id, or `null` when the lock is free.
+pub const OWNER: &str = "owner";
+/// The holder's hold count (reentrant acquires), an `Int64`.
+pub const COUNT: &str = "count";
+/// The fencing counter: the token of the current or latest grant, an `Int64`; never reset.
+pub const TOKEN: &str = "token";
+/// When the holder's lease ends by the server's clock, a BSON date, or `null` when free.
+pub const EXPIRES_AT: &str = "expires_at";
+/// Computed by the projections, never stored: the lease left by the server's clock, in ms.
+pub(crate) const REMAINING_MS: &str = "remaining_ms";
+
+/// The filter of every acquire: equality on `_id` alone, because an upsert's filter may not
+/// use `$expr` and an equality lets the server retry a racing upsert's duplicate-key error.
+pub(crate) fn by_name(name: &str) -> Document {
+    doc! { "_id": name }
+}
+
+/// The acquire's update pipeline. It takes the lock when nobody holds it live (no document
+/// yet, owner `null`, or `expires_at <= $$NOW`): owner = us, count = 1, token + 1, expiry =
+/// now + ttl. When we already hold it live it adds a hold, keeps the token and never shortens
+/// the lease. Otherwise the document stays as it was, which the server sees as a no-op write.
+pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
+    let held = doc! { "$and": [
+        { "$ne": [ { "$ifNull": ["$owner", Bson::Null] }, Bson::Null ] },
+        { "$gt": [ "$expires_at", "$$NOW" ] },
+    ] };
+    let until = lease_end(ttl_ms);
+    vec![
+        doc! { "$set": {
+            "_dl_take": { "$not": [ held.clone() ] },
+            "_dl_mine": { "$and": [ held, { "$eq": [ "$owner", owner ] } ] },
+        } },
+        doc! { "$set": {
+            OWNER: { "$cond": [ { "$or": ["$_dl_take", "$_dl_mine"] }, owner, "$owner" ] },
+            COUNT: { "$cond": [
+                "$_dl_take",
+                1_i64,
+                { "$cond": [ "$_dl_mine", { "$add": ["$count", 1_i64] }, "$count" ] },
+            ] },
+            TOKEN: { "$cond": [
+                "$_dl_take",
+                { "$add": [ { "$ifNull": ["$token", 0_i64] }, 1_i64 ] },
+                "$token",
+            ] },
+            EXPIRES_AT: { "$cond": [
+                "$_dl_take",
+                until.clone(),
+                { "$cond": [
+                    "$_dl_mine",
+                    { "$cond": [ { "$gt": [until.clone(), "$expires_at"] }, until, "$expires_at" ] },
+                    "$expires_at",
+                ] },
+            ] },
+        } },
+        doc! { "$unset": ["_dl_take", "_dl_mine"] },
+    ]
+}
+
+/// `$$NOW + ttl_ms`, the end of a lease granted now by the server's clock.
+fn lease_end(ttl_ms: i64) -> Document {
+    doc! { "$dateAdd": { "startDate": "$$NOW", "unit": "millisecond", "amount": ttl_ms } }
+}
+
+/// What acquire reads back from its own update: the holder (if it is us, we hold the lock).
+pub(crate) fn grant_projection() -> Document {
+    doc! { OWNER: 1, COUNT: 1, TOKEN: 1 }
+}
+
+/// Inspect (and a waiter learning when the holder's lease ends): the holder and the lease
+/// left by the server's clock, in one read.
+pub(crate) fn inspect_pipeline(name: &str) -> Vec<Document> {
+    vec![
+        doc! { "$match": { "_id": name } },
+        doc! { "$project": {
+            OWNER: 1,
+            COUNT: 1,
+            TOKEN: 1,
+            REMAINING_MS: { "$dateDiff": {
+                "startDate": "$$NOW", "endDate": "$expires_at", "unit": "millisecond",
+            } },
+        } },
+    ]
+}
+
+/// The filter of release and renew: this grant (owner and token) still holds the lock live.
+/// `$expr` with `$$NOW` is allowed here because these updates never upsert.
+pub(crate) fn held_by(name: &str, owner: &str, token: i64) -> Document {
+    doc! {
+        "_id": name,
+        OWNER: owner,
+        TOKEN: token,
+        "$expr": { "$gt": [ "$expires_at", "$$NOW" ] },
+    }
+}
+
+/// Release: one hold less; at zero the lock is free (owner and expiry `null`). The document,
+/// and with it the fencing counter, stays.
+pub(crate) fn release_pipeline() -> Vec<Document> {
+    vec![
+        doc! { "$set": { COUNT: { "$subtract": ["$count", 1_i64] } } },
+        doc! { "$set": {
+            OWNER: { "$cond": [ { "$gt": ["$count", 0_i64] }, "$owner", Bson::Null ] },
+            EXPIRES_AT: { "$cond": [ { "$gt": ["$count", 0_i64] }, "$expires_at", Bson::Null ] },
+            COUNT: { "$max": ["$count", 0_i64] },
+        } },
+    ]
+}
+
+/// The filter of a tidy-up after a release that found its grant expired: the same grant,
+/// still recorded but past its lease, which nobody has taken over.
+pub(crate) fn expired_grant(name: &str, owner: &str, token: i64) -> Document {
+    doc! {
+        "_id": name,
+        OWNER: owner,
+        TOKEN: token,
+        "$expr": { "$lte": [ "$expires_at", "$$NOW" ] },
+    }
+}
+
+/// Marks the lock free without touching the fencing counter: the document of an expired grant
+/// means the same as a free one, so clearing it changes nothing but what an operator sees.
+pub(crate) fn free() -> Document {
+    doc! { "$set": { OWNER: Bson::Null, COUNT: 0_i64, EXPIRES_AT: Bson::Null } }
+}
+
+/// Renew: the lease runs `ttl_ms` from the server's now.
+pub(crate) fn renew_pipeline(ttl_ms: i64) -> Vec<Document> {
+    vec![doc! { "$set": { EXPIRES_AT: lease_end(ttl_ms) } }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_filter_has_no_expr() {
+        // An upsert's filter may not use $expr (mongod rejects it): the pipeline decides.
+        assert!(!by_name("x").contains_key("$expr"));
+        assert_eq!(acquire_pipeline("me", 5).len(), 3);
+    }
+}

@@ -1,0 +1,27 @@
+#![doc = include_str!("../docs.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod backend;
+mod commands;
+mod config;
+
+pub use backend::{MongoLock, ServerInfo, CAPABILITIES, POLL_CAP};
+pub use config::{
+    MongoConfig, DEFAULT_COLLECTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE,
+    DEFAULT_OPERATION_TIMEOUT,
+};
+pub use distlock_api::{
+    Capabilities, DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo,
+    LockName, LockOptions, LostReason, OwnerId, Result,
+};
+/// The driver this backend uses, re-exported so users need no second dependency line.
+pub use mongodb;
+
+/// The backend's name, as errors and `DISTLOCK_SKIP` show it.
+pub(crate) const BACKEND: &str = "mongo";
+
+/// The field names of a lock document, for tools that read the collection.
+pub mod fields {
+    pub use crate::commands::{COUNT, EXPIRES_AT, OWNER, TOKEN};
+}
