@@ -76,6 +76,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 pub(crate) fn backend_capabilities() -> Vec<(&'static str, distlock_api::Capabilities)> {
     #[allow(unused_mut)]
     let mut v = Vec::new();
+    #[cfg(feature = "mongo")]
+    v.push(("MongoDB", distlock_mongo::CAPABILITIES));
     v
 }
 
@@ -83,10 +85,17 @@ mod backends {
     use super::*;
 
     pub(super) async fn connect(scheme: &str, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            format!("no backend for {scheme}:// ({url:?})"),
-        ))
+        match scheme {
+            #[cfg(feature = "mongo")]
+            "mongodb" => {
+                let config = distlock_mongo::MongoConfig::from_url(url)?;
+                Ok(Arc::new(distlock_mongo::MongoLock::connect(config).await?))
+            }
+            _ => Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("no backend for {scheme}:// ({url:?})"),
+            )),
+        }
     }
 }
 

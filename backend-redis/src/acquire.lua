@@ -1,0 +1,24 @@
+-- Acquire (or re-enter) a lock.
+-- KEYS[1] the lock hash: owner -> hold count, plus '#token' (this server's fencing counter value
+--         at the grant) and, under RedLock, '#fence' (the token derived over all instances).
+-- KEYS[2] the name's fencing counter. Never deleted: it must outlive release and expiry.
+-- ARGV[1] owner id, ARGV[2] lease in milliseconds.
+-- Returns {1, token, hold_count, fence} when granted (fence 0 if none was written),
+--         {0, pttl} when another owner holds it (pttl < 0: no expiry known).
+if redis.call('exists', KEYS[1]) == 0 then
+  local token = redis.call('incr', KEYS[2])
+  redis.call('hset', KEYS[1], ARGV[1], 1, '#token', token)
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return {1, token, 1, 0}
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
+  local count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+  -- A re-entry never shortens the lease another hold of the same owner relies on.
+  if redis.call('pttl', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+  end
+  local token = tonumber(redis.call('hget', KEYS[1], '#token'))
+  local fence = tonumber(redis.call('hget', KEYS[1], '#fence') or '0')
+  return {1, token, count, fence}
+end
+return {0, redis.call('pttl', KEYS[1])}

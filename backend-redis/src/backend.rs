@@ -1,0 +1,212 @@
+//! [`RedisLock`]: locks on one Redis server.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_api::wait::{self, Attempt};
+use distlock_api::{
+    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock,
+    Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+};
+
+use crate::config::RedisConfig;
+use crate::detach::detached;
+use crate::pubsub::{Hub, HubConfig};
+use crate::server::{Acquired, Server};
+
+/// What [`RedisLock`] promises.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    blocking: Blocking::Notify,
+    ttl: TtlSupport {
+        kind: LeaseKind::PerLock,
+        min: Duration::from_millis(1),
+        granularity: Duration::from_millis(1),
+    },
+    fair: false,
+    fencing: Fencing::Volatile,
+    renewal: true,
+};
+
+/// A client of one Redis server: one multiplexed command connection (reconnected on demand),
+/// one pub/sub connection shared by all its waiters (opened on first wait), one watchdog.
+///
+/// Build it with [`RedisLock::connect`], wrap it in an `Arc` and use
+/// [`LockExt`](crate::LockExt) on it.
+pub struct RedisLock {
+    core: ClientCore,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    server: Server,
+    hub: Hub,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("endpoint", &self.shared.server.endpoint)
+            .field("owner", self.core.owner())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLock {
+    /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
+    pub const BACKEND: &'static str = "redis";
+
+    /// Validates `config` (before any I/O), connects within its connect timeout and loads the
+    /// scripts. An unreachable server is [`Unavailable`](crate::ErrorKind::Unavailable).
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        config
+            .validate()
+            .map_err(|e| e.with_backend(Self::BACKEND))?;
+        let mut core =
+            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.default_ttl)?;
+        if let Some(owner) = &config.options.owner {
+            core = core.with_owner(owner.clone());
+        }
+        let server = Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?;
+        let hub = Hub::new(HubConfig {
+            endpoint: config.endpoint.clone(),
+            backend: Self::BACKEND,
+            connect_timeout: config.options.connect_timeout,
+            response_timeout: config.options.response_timeout,
+        });
+        Ok(Self {
+            core,
+            shared: Arc::new(Shared { server, hub }),
+        })
+    }
+
+    /// Uses `core` (owner id, default TTL) instead of the one built from the config.
+    pub fn with_core(mut self, core: ClientCore) -> Self {
+        self.core = core;
+        self
+    }
+
+    /// One acquire attempt, detached from the caller (see [`detached`]).
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let shared = self.shared.clone();
+        let req = req.clone();
+        let undo = {
+            let shared = self.shared.clone();
+            move |g: Grant| {
+                let shared = shared.clone();
+                async move {
+                    let _ = shared.release(&g).await;
+                }
+            }
+        };
+        detached(async move { shared.attempt(&req).await }, undo).await
+    }
+}
+
+impl Shared {
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let sent_at = Instant::now();
+        Ok(
+            match self.server.acquire(&req.name, &req.owner, req.ttl).await? {
+                Acquired::Granted { token, count, .. } => Attempt::Granted(Grant {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    token: FencingToken(token),
+                    hold_count: count,
+                    ttl: req.ttl,
+                    sent_at,
+                    key: String::new(),
+                }),
+                Acquired::Held { pttl } => Attempt::Held { expires_in: pttl },
+            },
+        )
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        Ok(self
+            .server
+            .release(&grant.name, &grant.owner, grant.token.0)
+            .await?
+            .is_some())
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        Ok(match self.attempt(req).await? {
+            Attempt::Granted(g) => Some(g),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        let started = Instant::now();
+        let deadline = started + wait;
+        // Uncontended locks cost one round trip and no subscription.
+        if let Attempt::Granted(g) = self.attempt(req).await? {
+            return Ok(g);
+        }
+        if Instant::now() >= deadline {
+            return Err(wait::timeout(wait));
+        }
+        // Subscribe before the retry, so a release between the retry and the wait is heard.
+        let channel = self.shared.server.keys.channel(&req.name);
+        let sub =
+            match tokio::time::timeout_at(deadline.into(), self.shared.hub.subscribe(&channel))
+                .await
+            {
+                Ok(sub) => sub?,
+                // The wait bound ran out while subscribing: one last try, as the loop would.
+                Err(_) => {
+                    return match self.attempt(req).await? {
+                        Attempt::Granted(g) => Ok(g),
+                        Attempt::Held { .. } => Err(wait::timeout(wait)),
+                    }
+                }
+            };
+        wait::notified(deadline, || self.attempt(req), |max| sub.wait(max)).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.shared.release(grant).await
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        let renewed = self
+            .shared
+            .server
+            .renew(&grant.name, &grant.owner, grant.token.0, ttl)
+            .await?;
+        if renewed {
+            Ok(ttl)
+        } else {
+            Err(lost(
+                &grant.name,
+                format!(
+                    "the lock is no longer held by owner {} with token {} (expired, removed or \
+                     taken over)",
+                    grant.owner, grant.token
+                ),
+            ))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        Ok(self.shared.server.inspect(name).await?.map(|h| LockInfo {
+            owner: h.owner,
+            hold_count: h.count,
+            token: FencingToken(h.token),
+            remaining: h.pttl,
+        }))
+    }
+}

@@ -1,0 +1,472 @@
+//! Connection URLs and options of [`RedisLock`](crate::RedisLock) and
+//! [`RedLock`](crate::RedLock).
+
+use std::fmt;
+use std::time::Duration;
+
+use distlock_api::{check_ttl, Error, ErrorKind, LockName, OwnerId, Result, DEFAULT_TTL};
+
+use crate::keys::{check_prefix, KeySpace};
+
+/// The key prefix used unless configured otherwise.
+pub const DEFAULT_KEY_PREFIX: &str = "distlock";
+/// How long connecting may take before the server counts as unavailable.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one command may wait for its answer before the server counts as unavailable.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The fewest masters a [`RedLock`](crate::RedLock) accepts: with fewer, one failure stops it.
+pub const MIN_REDLOCK_INSTANCES: usize = 3;
+
+/// Options shared by the single-server and RedLock clients.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) key_prefix: String,
+    pub(crate) default_ttl: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) owner: Option<OwnerId>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            key_prefix: DEFAULT_KEY_PREFIX.to_string(),
+            default_ttl: DEFAULT_TTL,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            owner: None,
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> Result<()> {
+        check_prefix(&self.key_prefix)?;
+        check_ttl(self.default_ttl)
+            .map_err(|e| Error::invalid(format!("default TTL: {}", e.message())))?;
+        for (what, t) in [
+            ("connect timeout", self.connect_timeout),
+            ("response timeout", self.response_timeout),
+        ] {
+            if t.is_zero() || t > Duration::from_secs(3600) {
+                return Err(Error::invalid(format!(
+                    "{what} {t:?} must be between 1ns and 1h"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn keys(&self) -> KeySpace {
+        KeySpace::new(&self.key_prefix)
+    }
+
+    /// Applies and removes distlock's own query parameters from `url`.
+    fn take_params(&mut self, url: &mut url::Url) -> Result<()> {
+        let mut rest = Vec::new();
+        for (k, v) in url.query_pairs() {
+            let ms = || {
+                v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+                    Error::invalid(format!("{k}={v:?} is not a whole number of milliseconds"))
+                })
+            };
+            match &*k {
+                "key_prefix" => self.key_prefix = v.to_string(),
+                "default_ttl_ms" => self.default_ttl = ms()?,
+                "connect_timeout_ms" => self.connect_timeout = ms()?,
+                "response_timeout_ms" => self.response_timeout = ms()?,
+                _ => rest.push((k.to_string(), v.to_string())),
+            }
+        }
+        if rest.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(rest);
+        }
+        Ok(())
+    }
+}
+
+/// One Redis server's address, checked and ready for the driver.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    /// What errors and `Debug` show: host, port and database, never the password.
+    pub(crate) display: String,
+    pub(crate) client: redis::Client,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+/// Parses one `redis://` or `rediss://` URL, applying distlock's query parameters to `options`.
+fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
+    let bad = |why: &str| Error::invalid(format!("bad Redis URL {:?}: {why}", redact(raw)));
+    let mut url = url::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
+    match url.scheme() {
+        "redis" => {}
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{:?}: TLS (rediss://) needs distlock-redis's `tls` Cargo feature, which \
+                     this build lacks",
+                    redact(raw)
+                ),
+            ))
+        }
+        other => {
+            return Err(bad(&format!(
+                "scheme {other:?} is not redis:// or rediss://"
+            )))
+        }
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    options.take_params(&mut url)?;
+    let display = format!(
+        "{}:{}{}",
+        url.host_str().unwrap_or_default(),
+        url.port().unwrap_or(6379),
+        match url.path().trim_matches('/') {
+            "" | "0" => String::new(),
+            db => format!("/{db}"),
+        }
+    );
+    let client = redis::Client::open(url.as_str()).map_err(|e| bad(&e.to_string()))?;
+    Ok(Endpoint { display, client })
+}
+
+/// The URL with any password replaced by `***`, for messages.
+fn redact(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        Ok(_) => raw.to_string(),
+        Err(_) => match raw.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => raw.to_string(),
+        },
+    }
+}
+
+macro_rules! setters {
+    () => {
+        /// Stores locks under keys starting with `prefix:` (default [`DEFAULT_KEY_PREFIX`]).
+        /// 1..=64 bytes, no braces (they would break the cluster hash tag), no whitespace.
+        pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.options.key_prefix = prefix.into();
+            self
+        }
+
+        /// The lease of watchdog-managed locks when the caller does not set one (default
+        /// [`DEFAULT_TTL`]).
+        pub fn default_ttl(mut self, ttl: Duration) -> Self {
+            self.options.default_ttl = ttl;
+            self
+        }
+
+        /// How long connecting may take before the server counts as
+        /// [`Unavailable`](ErrorKind::Unavailable) (default [`DEFAULT_CONNECT_TIMEOUT`]).
+        pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+            self.options.connect_timeout = timeout;
+            self
+        }
+
+        /// How long one command may wait for its answer (default
+        /// [`DEFAULT_RESPONSE_TIMEOUT`]).
+        pub fn response_timeout(mut self, timeout: Duration) -> Self {
+            self.options.response_timeout = timeout;
+            self
+        }
+
+        /// Acquires as `owner` by default instead of a fresh random owner id.
+        pub fn owner(mut self, owner: OwnerId) -> Self {
+            self.options.owner = Some(owner);
+            self
+        }
+
+        /// The configured connect timeout.
+        pub fn get_connect_timeout(&self) -> Duration {
+            self.options.connect_timeout
+        }
+
+        /// The key of `name`'s lock hash (owner → hold count, `#token`, `#fence`), for
+        /// operators: deleting it frees the lock behind its holder's back.
+        pub fn lock_key(&self, name: &LockName) -> String {
+            self.options.keys().lock_key(name)
+        }
+
+        /// The key of `name`'s fencing counter. It is never deleted: removing it restarts
+        /// the name's tokens at 1.
+        pub fn fence_key(&self, name: &LockName) -> String {
+            self.options.keys().fence_key(name)
+        }
+
+        /// The channel a release of `name` is published on.
+        pub fn release_channel(&self, name: &LockName) -> String {
+            self.options.keys().channel(name)
+        }
+
+        /// A glob pattern (for `SCAN MATCH` and `PUBSUB CHANNELS`) matching every key and
+        /// channel of the names that start with `name_prefix`.
+        pub fn key_pattern(&self, name_prefix: &str) -> String {
+            self.options.keys().pattern(name_prefix)
+        }
+
+        /// The lock name and kind (`lock`, `fence`, `released`) of a key or channel made by
+        /// this configuration; `None` for anything else.
+        pub fn parse_key(&self, key: &str) -> Option<(String, String)> {
+            self.options
+                .keys()
+                .parse(key)
+                .map(|(name, kind)| (name, kind.to_string()))
+        }
+    };
+}
+
+/// How to reach one Redis server (or a Redis Cluster-compatible proxy) and how to lay out
+/// locks in it.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_redis::RedisConfig;
+///
+/// let config = RedisConfig::from_url("redis://127.0.0.1:6379/0?key_prefix=app")?
+///     .default_ttl(Duration::from_secs(10))
+///     .connect_timeout(Duration::from_secs(1));
+/// # Ok::<_, distlock_redis::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) options: Options,
+}
+
+impl RedisConfig {
+    /// Parses `redis://[user:password@]host[:port][/db][?options]` or `rediss://…` (TLS,
+    /// with the `tls` feature; without it [`Unsupported`](ErrorKind::Unsupported)). distlock
+    /// reads the query options `key_prefix`, `default_ttl_ms`, `connect_timeout_ms` and
+    /// `response_timeout_ms`; the rest go to the `redis` driver (e.g. `protocol=resp3`).
+    /// A malformed URL is [`InvalidArgument`](ErrorKind::InvalidArgument); no I/O happens.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut options = Options::default();
+        let endpoint = endpoint(url, &mut options)?;
+        let config = Self { endpoint, options };
+        config.validate()?;
+        Ok(config)
+    }
+
+    setters!();
+
+    /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
+    /// any I/O.
+    pub fn validate(&self) -> Result<()> {
+        self.options.validate()
+    }
+
+    /// The server, as errors name it (`host:port[/db]`, no password).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint.display
+    }
+}
+
+/// How to reach the independent Redis masters of a [`RedLock`](crate::RedLock).
+///
+/// ```
+/// use distlock_redis::RedLockConfig;
+///
+/// let a = RedLockConfig::from_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379")?;
+/// let b = RedLockConfig::from_urls(&[
+///     "redis://10.0.0.1:6379",
+///     "redis://10.0.0.2:6379",
+///     "redis://10.0.0.3:6379",
+/// ])?;
+/// assert_eq!(a.endpoints(), b.endpoints());
+/// # Ok::<_, distlock_redis::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedLockConfig {
+    pub(crate) endpoints: Vec<Endpoint>,
+    pub(crate) options: Options,
+}
+
+impl RedLockConfig {
+    /// Parses either `redlock://[user:password@]h1:port,h2:port,h3:port[/db][?options]` or a
+    /// comma-separated list of `redis://` / `rediss://` URLs. Options are those of
+    /// [`RedisConfig::from_url`], given once (on the `redlock://` URL or on any one of the list).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let url = url.trim();
+        if let Some(rest) = url.strip_prefix("redlock://") {
+            let (authority, tail) = match rest.find(['/', '?']) {
+                Some(i) => rest.split_at(i),
+                None => (rest, ""),
+            };
+            let (userinfo, hosts) = match authority.rsplit_once('@') {
+                Some((u, h)) => (format!("{u}@"), h),
+                None => (String::new(), authority),
+            };
+            let urls: Vec<String> = hosts
+                .split(',')
+                .map(|h| format!("redis://{userinfo}{}{tail}", h.trim()))
+                .collect();
+            return Self::from_urls(&urls);
+        }
+        let urls: Vec<&str> = url.split(',').collect();
+        Self::from_urls(&urls)
+    }
+
+    /// One URL per independent master (`redis://` or `rediss://`); at least
+    /// [`MIN_REDLOCK_INSTANCES`], all distinct.
+    pub fn from_urls<S: AsRef<str>>(urls: &[S]) -> Result<Self> {
+        let mut options = Options::default();
+        let endpoints = urls
+            .iter()
+            .map(|u| endpoint(u.as_ref(), &mut options))
+            .collect::<Result<Vec<_>>>()?;
+        let config = Self { endpoints, options };
+        config.validate()?;
+        Ok(config)
+    }
+
+    setters!();
+
+    /// Checks every option; [`RedLock::connect`](crate::RedLock::connect) calls it before any
+    /// I/O.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.endpoints.len();
+        if n < MIN_REDLOCK_INSTANCES {
+            return Err(Error::invalid(format!(
+                "RedLock needs at least {MIN_REDLOCK_INSTANCES} independent masters to survive \
+                 one failure, got {n}; for a single server use RedisLock"
+            )));
+        }
+        for (i, a) in self.endpoints.iter().enumerate() {
+            if self.endpoints[..i].iter().any(|b| b.display == a.display) {
+                return Err(Error::invalid(format!(
+                    "RedLock master {} is listed twice: the instances must be independent",
+                    a.display
+                )));
+            }
+        }
+        self.options.validate()
+    }
+
+    /// The masters, as errors name them.
+    pub fn endpoints(&self) -> Vec<&str> {
+        self.endpoints.iter().map(|e| e.display.as_str()).collect()
+    }
+
+    /// How many masters must agree: a strict majority.
+    pub fn quorum(&self) -> usize {
+        self.endpoints.len() / 2 + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind<T: fmt::Debug>(r: Result<T>) -> ErrorKind {
+        r.expect_err("accepted").kind()
+    }
+
+    #[test]
+    fn good_urls_parse_with_options() {
+        let c = RedisConfig::from_url(
+            "redis://user:secret@127.0.0.1:6380/2?key_prefix=app&default_ttl_ms=1500&connect_timeout_ms=250",
+        )
+        .unwrap();
+        assert_eq!(c.endpoint(), "127.0.0.1:6380/2");
+        assert_eq!(c.options.key_prefix, "app");
+        assert_eq!(c.options.default_ttl, Duration::from_millis(1500));
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(250));
+        assert!(!format!("{c:?}").contains("secret"));
+        let c = RedisConfig::from_url("redis://localhost").unwrap();
+        assert_eq!(c.endpoint(), "localhost:6379");
+        assert_eq!(c.options.key_prefix, DEFAULT_KEY_PREFIX);
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_argument() {
+        for bad in [
+            "",
+            "redis",
+            "redis://",
+            "http://127.0.0.1:6379",
+            "redis://127.0.0.1:notaport",
+            "redis://127.0.0.1/notadb",
+            "redis://127.0.0.1?default_ttl_ms=soon",
+            "redis://127.0.0.1?default_ttl_ms=0",
+            "redis://127.0.0.1?key_prefix=a%7Bb",
+            "redis://127.0.0.1?connect_timeout_ms=0",
+        ] {
+            assert_eq!(
+                kind(RedisConfig::from_url(bad)),
+                ErrorKind::InvalidArgument,
+                "{bad}"
+            );
+        }
+        let c = RedisConfig::from_url("redis://127.0.0.1").unwrap();
+        assert_eq!(
+            kind(c.clone().key_prefix("{x}").validate()),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            kind(c.default_ttl(Duration::ZERO).validate()),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn tls_without_the_feature_is_unsupported() {
+        let r = RedisConfig::from_url("rediss://127.0.0.1:6379");
+        if cfg!(feature = "tls") {
+            assert!(r.is_ok());
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Unsupported);
+            assert!(e.message().contains("`tls` Cargo feature"), "{e}");
+        }
+    }
+
+    #[test]
+    fn redlock_urls_in_both_forms() {
+        let a = RedLockConfig::from_url(
+            "redlock://u:pw@127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382/1?key_prefix=rl",
+        )
+        .unwrap();
+        assert_eq!(
+            a.endpoints(),
+            ["127.0.0.1:6380/1", "127.0.0.1:6381/1", "127.0.0.1:6382/1"]
+        );
+        assert_eq!(a.options.key_prefix, "rl");
+        assert_eq!(a.quorum(), 2);
+        let b = RedLockConfig::from_url(
+            "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382",
+        )
+        .unwrap();
+        assert_eq!(
+            b.endpoints(),
+            ["127.0.0.1:6380", "127.0.0.1:6381", "127.0.0.1:6382"]
+        );
+        for bad in [
+            "redlock://127.0.0.1:6380,127.0.0.1:6381",
+            "redlock://127.0.0.1:6380,127.0.0.1:6380,127.0.0.1:6381",
+            "redlock://127.0.0.1:6380,,127.0.0.1:6381",
+            "redis://127.0.0.1:6380",
+        ] {
+            assert_eq!(
+                kind(RedLockConfig::from_url(bad)),
+                ErrorKind::InvalidArgument,
+                "{bad}"
+            );
+        }
+    }
+}

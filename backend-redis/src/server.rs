@@ -1,0 +1,366 @@
+//! One Redis server: its connection, the scripts, and what their answers mean.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
+use futures::FutureExt;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use crate::config::{Endpoint, Options};
+use crate::keys::KeySpace;
+
+/// One script: its source (for SCRIPT LOAD) and the driver's handle, which sends EVALSHA and,
+/// on NOSCRIPT (a restarted or flushed server), loads the script and retries once.
+struct Lua {
+    source: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            script: Script::new(source),
+        }
+    }
+}
+
+/// The scripts every operation runs, hashed once per process.
+struct Scripts {
+    acquire: Lua,
+    release: Lua,
+    renew: Lua,
+    inspect: Lua,
+    fence: Lua,
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Lua::new(include_str!("acquire.lua")),
+    release: Lua::new(include_str!("release.lua")),
+    renew: Lua::new(include_str!("renew.lua")),
+    inspect: Lua::new(include_str!("inspect.lua")),
+    fence: Lua::new(include_str!("fence.lua")),
+});
+
+/// What the acquire script answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// The owner holds the lock: `token` is this server's fencing counter value of the grant,
+    /// `count` the owner's hold count now, `fence` the RedLock-derived token (0 if none).
+    Granted { token: u64, count: u32, fence: u64 },
+    /// Another owner holds it, for `pttl` more (`None`: the key has no expiry).
+    Held { pttl: Option<Duration> },
+}
+
+/// What the inspect script saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub(crate) owner: OwnerId,
+    pub(crate) count: u32,
+    pub(crate) token: u64,
+    pub(crate) fence: u64,
+    pub(crate) pttl: Option<Duration>,
+}
+
+/// A connection to one server, with the key layout of locks in it.
+pub(crate) struct Server {
+    conn: ConnectionManager,
+    pub(crate) keys: KeySpace,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) backend: &'static str,
+}
+
+impl Server {
+    fn manager_config(options: &Options) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            // Each command that finds the connection broken triggers one fresh connect; a lock
+            // call must fail fast rather than sit in a reconnect loop.
+            .set_number_of_retries(0)
+    }
+
+    /// A server that connects on first use (for a RedLock master that was down at start-up).
+    pub(crate) fn lazy(
+        endpoint: &Endpoint,
+        options: &Options,
+        backend: &'static str,
+    ) -> Result<Self> {
+        let conn = ConnectionManager::new_lazy_with_config(
+            endpoint.client.clone(),
+            Self::manager_config(options),
+        )
+        .map_err(|e| driver_error(backend, endpoint, "configure", e))?;
+        Ok(Self {
+            conn,
+            keys: options.keys(),
+            endpoint: endpoint.clone(),
+            backend,
+        })
+    }
+
+    /// Connects, bounded by the connect timeout, and loads the scripts.
+    pub(crate) async fn connect(
+        endpoint: &Endpoint,
+        options: &Options,
+        backend: &'static str,
+    ) -> Result<Self> {
+        // rustls panics inside the driver when no crypto provider is installed; that is a
+        // configuration problem of the application, so it becomes an error, not a crash.
+        let connecting = AssertUnwindSafe(ConnectionManager::new_with_config(
+            endpoint.client.clone(),
+            Self::manager_config(options),
+        ))
+        .catch_unwind();
+        // The driver bounds each step; this bounds the whole handshake too (AUTH, SELECT, HELLO).
+        let limit = options.connect_timeout + options.response_timeout;
+        let conn = match tokio::time::timeout(limit, connecting).await {
+            Ok(Ok(Ok(conn))) => conn,
+            Ok(Ok(Err(e))) => return Err(driver_error(backend, endpoint, "connect", e)),
+            Ok(Err(panic)) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("the driver panicked")
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                return Err(Error::invalid(format!(
+                    "{}: cannot set up the connection: {why} (for rediss://, install a rustls \
+                     CryptoProvider before connecting, e.g. \
+                     rustls::crypto::ring::default_provider().install_default())",
+                    endpoint.display
+                ))
+                .with_backend(backend));
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("{}: no connection within {limit:?}", endpoint.display),
+                )
+                .with_backend(backend))
+            }
+        };
+        let server = Self {
+            conn,
+            keys: options.keys(),
+            endpoint: endpoint.clone(),
+            backend,
+        };
+        server.load_scripts().await?;
+        Ok(server)
+    }
+
+    /// Loads every script once up front, so the first lock call is one EVALSHA.
+    async fn load_scripts(&self) -> Result<()> {
+        let s = &*SCRIPTS;
+        let mut pipe = redis::pipe();
+        for lua in [&s.acquire, &s.release, &s.renew, &s.inspect, &s.fence] {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| self.error("load scripts", e))
+    }
+
+    fn error(&self, what: &str, e: redis::RedisError) -> Error {
+        driver_error(self.backend, &self.endpoint, what, e)
+    }
+
+    async fn run(&self, what: &str, inv: redis::ScriptInvocation<'_>) -> Result<Value> {
+        let mut conn = self.conn.clone();
+        inv.invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.error(what, e))
+    }
+
+    /// Runs the acquire script.
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Acquired> {
+        let mut inv = SCRIPTS.acquire.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .key(self.keys.fence_key(name))
+            .arg(owner.as_str())
+            .arg(millis(ttl));
+        let reply =
+            ints(self.run("acquire", inv).await?).ok_or_else(|| self.bad_reply("acquire"))?;
+        match reply[..] {
+            [1, token, count, fence] => Ok(Acquired::Granted {
+                token: u64::try_from(token).map_err(|_| self.bad_reply("acquire"))?,
+                count: u32::try_from(count).map_err(|_| self.bad_reply("acquire"))?,
+                fence: u64::try_from(fence).map_err(|_| self.bad_reply("acquire"))?,
+            }),
+            [0, pttl] => Ok(Acquired::Held {
+                pttl: pttl_of(pttl),
+            }),
+            _ => Err(self.bad_reply("acquire")),
+        }
+    }
+
+    /// Runs the release script: the holds left (0: deleted and published), or `None` if the
+    /// grant `(owner, token)` does not hold the lock here.
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+    ) -> Result<Option<u32>> {
+        let mut inv = SCRIPTS.release.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .arg(owner.as_str())
+            .arg(token)
+            .arg(self.keys.channel(name));
+        match int(self.run("release", inv).await?) {
+            Some(-1) => Ok(None),
+            Some(n) => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| self.bad_reply("release")),
+            None => Err(self.bad_reply("release")),
+        }
+    }
+
+    /// Runs the renew script: whether the grant `(owner, token)` still held the lock and got
+    /// its lease set to `ttl`.
+    pub(crate) async fn renew(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let mut inv = SCRIPTS.renew.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .arg(owner.as_str())
+            .arg(token)
+            .arg(millis(ttl));
+        match int(self.run("renew", inv).await?) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(self.bad_reply("renew")),
+        }
+    }
+
+    /// Runs the RedLock fence script: records `derived` as the grant's token here, if the grant
+    /// `(owner, token)` still holds the lock here.
+    pub(crate) async fn fence(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+        derived: u64,
+    ) -> Result<bool> {
+        let mut inv = SCRIPTS.fence.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .key(self.keys.fence_key(name))
+            .arg(owner.as_str())
+            .arg(token)
+            .arg(derived);
+        match int(self.run("fence", inv).await?) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(self.bad_reply("fence")),
+        }
+    }
+
+    /// Runs the inspect script.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>> {
+        let mut inv = SCRIPTS.inspect.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name));
+        let Value::Array(items) = self.run("inspect", inv).await? else {
+            return Err(self.bad_reply("inspect"));
+        };
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let parsed = (|| {
+            let [owner, count, token, fence, pttl] = <[Value; 5]>::try_from(items).ok()?;
+            let owner: String = redis::from_redis_value(owner).ok()?;
+            Some(Holder {
+                owner: OwnerId::new(&owner).ok()?,
+                count: u32::try_from(int(count)?).ok()?,
+                token: u64::try_from(int(token)?).ok()?,
+                fence: u64::try_from(int(fence)?).ok()?,
+                pttl: pttl_of(int(pttl)?),
+            })
+        })();
+        parsed.map(Some).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "{}: the lock hash {} is not one distlock wrote",
+                    self.endpoint.display,
+                    self.keys.lock_key(name)
+                ),
+            )
+            .with_lock(name)
+        })
+    }
+
+    fn bad_reply(&self, what: &str) -> Error {
+        Error::new(
+            ErrorKind::Backend,
+            format!(
+                "{}: unexpected reply to the {what} script",
+                self.endpoint.display
+            ),
+        )
+    }
+}
+
+/// Maps a driver error: connection trouble and a server that cannot serve writes right now
+/// (loading, failing over, read-only replica) are `Unavailable` (temporary); bad
+/// configuration is `InvalidArgument`; anything else the server said is `Backend`.
+pub(crate) fn driver_error(
+    backend: &'static str,
+    endpoint: &Endpoint,
+    what: &str,
+    e: redis::RedisError,
+) -> Error {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    let kind = match e.kind() {
+        K::Io | K::ClusterConnectionNotFound => ErrorKind::Unavailable,
+        K::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly) => {
+            ErrorKind::Unavailable
+        }
+        K::InvalidClientConfig => ErrorKind::InvalidArgument,
+        _ if e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() => {
+            ErrorKind::Unavailable
+        }
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, format!("{what} on {} failed", endpoint.display))
+        .with_backend(backend)
+        .with_source(e)
+}
+
+fn millis(d: Duration) -> u64 {
+    // check_ttl bounds leases to days, far below u64 milliseconds; at least 1 ms, as PX needs.
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn pttl_of(ms: i64) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+fn int(v: Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(i),
+        _ => None,
+    }
+}
+
+fn ints(v: Value) -> Option<Vec<i64>> {
+    match v {
+        Value::Array(items) => items.into_iter().map(int).collect(),
+        _ => None,
+    }
+}

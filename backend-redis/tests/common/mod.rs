@@ -1,0 +1,102 @@
+//! What the Redis test targets share: server URLs and out-of-band inspection of a server.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod private;
+
+use std::time::Duration;
+
+use distlock_redis::redis::{self, AsyncCommands};
+use distlock_redis::{Error, LockName, RedisConfig, Result};
+
+/// The single server the tests use.
+pub fn redis_url() -> String {
+    std::env::var("DISTLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The RedLock masters the tests use, comma-separated.
+pub fn redlock_urls() -> String {
+    std::env::var("DISTLOCK_REDLOCK_URLS").unwrap_or_else(|_| {
+        "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382".into()
+    })
+}
+
+/// A plain driver connection, separate from any lock client.
+pub async fn raw(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).map_err(|e| Error::invalid(e.to_string()))?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(5)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| Error::unavailable(format!("test connection to {url}"), e))
+}
+
+fn failed(what: &str, e: redis::RedisError) -> Error {
+    Error::new(distlock_redis::ErrorKind::Backend, what.to_string()).with_source(e)
+}
+
+/// Deletes `name`'s lock hash behind its holder's back, as an operator would.
+pub async fn remove_lock(url: &str, name: &LockName) -> Result<()> {
+    let config = RedisConfig::from_url(url)?;
+    let mut con = raw(url).await?;
+    let _: i64 = con
+        .del(config.lock_key(name))
+        .await
+        .map_err(|e| failed("DEL", e))?;
+    Ok(())
+}
+
+/// Lock keys (not fencing counters) and subscribed release channels left on the server for
+/// names starting with `prefix`.
+pub async fn leftovers(url: &str, prefix: &str) -> Result<Vec<String>> {
+    let config = RedisConfig::from_url(url)?;
+    let pattern = config.key_pattern(prefix);
+    let mut con = raw(url).await?;
+    let mut left = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| failed("SCAN", e))?;
+        for key in keys {
+            match config.parse_key(&key) {
+                Some((_, kind)) if kind == "fence" => {}
+                _ => left.push(format!("key {key} on {}", config.endpoint())),
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(&pattern)
+        .query_async(&mut con)
+        .await
+        .map_err(|e| failed("PUBSUB CHANNELS", e))?;
+    if !channels.is_empty() {
+        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channels)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| failed("PUBSUB NUMSUB", e))?;
+        for (channel, n) in counts {
+            if n > 0 {
+                left.push(format!(
+                    "{n} subscription(s) to {channel} on {}",
+                    config.endpoint()
+                ));
+            }
+        }
+    }
+    Ok(left)
+}

@@ -1,0 +1,99 @@
+//! A private, throw-away redis-server for destructive tests (restarts, a master going down),
+//! on a port of its own in 20000-20999 under a temp dir; killed when dropped.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct PrivateRedis {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// Starts redis-server on `port` without persistence and waits until it answers.
+    pub fn start(port: u16) -> Self {
+        assert!(
+            (20000..21000).contains(&port),
+            "private ports are 20000-20999"
+        );
+        let dir =
+            std::env::temp_dir().join(format!("distlock-redis-test-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut s = Self {
+            port,
+            dir,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        assert!(
+            TcpStream::connect(("127.0.0.1", self.port)).is_err(),
+            "port {} is already in use: another test's server would be mistaken for ours",
+            self.port
+        );
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): run `scripts/services up redis`, which installs it")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The port answering must be our child, not a server that raced us to it.
+        if let Some(child) = &mut self.child {
+            assert!(
+                matches!(child.try_wait(), Ok(None)),
+                "redis-server on {} exited at start (port taken?)",
+                self.port
+            );
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (its memory, and so every lock and counter, is gone).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops and starts it again, empty: a restart without persistence.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
