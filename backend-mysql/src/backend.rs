@@ -1,0 +1,777 @@
+//! [`MysqlLock`]: the lock table, the fencing counter, the sweeper and the trait impl.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_api::wait::{self, Attempt, Backoff};
+use distlock_api::{
+    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
+    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
+    TtlSupport,
+};
+use sqlx::mysql::{
+    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
+    MySqlQueryResult,
+};
+use sqlx::{AssertSqlSafe, Connection, Executor, Row};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::config::MysqlConfig;
+use crate::renewal::Renewals;
+use crate::sql::{self, Statements};
+use crate::BACKEND;
+
+/// What the MySQL/MariaDB backend promises.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    blocking: Blocking::Poll,
+    ttl: TtlSupport {
+        kind: LeaseKind::PerLock,
+        min: Duration::from_millis(1),
+        granularity: Duration::from_micros(1),
+    },
+    fair: false,
+    fencing: Fencing::Durable,
+    renewal: true,
+};
+
+/// How many times one acquire attempt or release re-reads the row after a conditional write
+/// matched nothing because another client changed the row in between (or the server picked
+/// this transaction as a deadlock victim). Each round means someone else made progress.
+const MAX_ROUNDS: usize = 16;
+
+/// A pooled connection idle longer than this is pinged before use, so a server restart or an
+/// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
+
+/// A client of the MySQL/MariaDB lock table: two connection pools (acquiring; renewing and
+/// releasing), one owner id, one watchdog, and (if configured) one sweeper task.
+///
+/// Every transition is one conditional statement, or one transaction whose writes are
+/// conditional, judged by the server's clock (`UTC_TIMESTAMP(6)`); see the crate docs for the
+/// algorithm and its safety model.
+pub struct MysqlLock {
+    inner: Arc<Inner>,
+    core: ClientCore,
+    sweeper: Option<JoinHandle<()>>,
+}
+
+/// The state shared with the tasks that run acquire attempts and sweeps.
+struct Inner {
+    /// Acquire attempts, inspect and the sweeper.
+    pool: MySqlPool,
+    /// Renewals and releases: the statements that keep held locks alive or free them get
+    /// connections of their own, so a burst of contenders cannot delay them past a lease.
+    holders: MySqlPool,
+    /// Renewals due together, sent as one transaction (see [`crate::renewal`]).
+    renewals: Arc<Renewals>,
+    sql: Statements,
+    endpoint: String,
+    backoff: (Duration, Duration),
+    sweep_batch: u32,
+    swept: AtomicU64,
+    server_version: String,
+}
+
+/// A row of the lock table as acquire and inspect read it.
+struct LockRow {
+    owner: Vec<u8>,
+    hold_count: u32,
+    token: u64,
+    /// Microseconds of lease left by the server's clock; zero or less once expired.
+    remaining_us: i64,
+}
+
+impl MysqlLock {
+    /// Connects to the server, creates the two tables if they do not exist (unless turned off),
+    /// checks that they have the columns this backend uses, and starts the sweeper if the config
+    /// asks for it.
+    ///
+    /// Bad config is `InvalidArgument` before any I/O; a server that cannot be reached within
+    /// the connect timeout is `Unavailable`; a server that refuses (wrong password, missing
+    /// privilege, incompatible table) is `Backend`.
+    pub async fn connect(config: MysqlConfig) -> Result<Self> {
+        config.validate()?;
+        let mut core = ClientCore::new(BACKEND)
+            .with_default_ttl(config.default_ttl_value())
+            .map_err(|e| e.with_backend(BACKEND))?;
+        if let Some(owner) = config.owner_value() {
+            core = core.with_owner(owner.clone());
+        }
+        let sql = Statements::new(config.lock_table_name(), config.fencing_table_name());
+        let options = config.connect_options();
+        let endpoint = config.endpoint();
+        let timeout = config.connect_timeout_value();
+        let server_version = tokio::time::timeout(
+            timeout,
+            prepare(&options, &sql, config.create_tables_value(), &endpoint),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "no MySQL session with {endpoint} within the connect timeout of {timeout:?}"
+                ),
+            )
+            .with_backend(BACKEND)
+        })??;
+        let pool = || {
+            MySqlPoolOptions::new()
+                .max_connections(config.pool_size_value())
+                .min_connections(0)
+                .acquire_timeout(timeout)
+                .idle_timeout(Duration::from_secs(300))
+                // sqlx pings every connection it hands out by default: a round trip per lock
+                // operation. Ping only connections that sat idle long enough to go stale.
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for > PING_IDLE_AFTER {
+                            conn.ping().await?;
+                        }
+                        Ok(true)
+                    })
+                })
+                .connect_lazy_with(options.clone())
+        };
+        let holders = pool();
+        // Two flushers: one batch in flight while the next one gathers. More would only split
+        // the renewals into more commits.
+        let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2);
+        let inner = Arc::new(Inner {
+            pool: pool(),
+            holders,
+            renewals,
+            sql,
+            endpoint,
+            backoff: config.backoff_value(),
+            sweep_batch: config.sweep_batch_value(),
+            swept: AtomicU64::new(0),
+            server_version,
+        });
+        let sweeper = config
+            .sweep_interval_value()
+            .map(|every| tokio::spawn(sweep_loop(inner.clone(), every)));
+        Ok(Self {
+            inner,
+            core,
+            sweeper,
+        })
+    }
+
+    /// The server's version string (`SELECT VERSION()`), e.g. `10.11.19-MariaDB-0+deb12u1`.
+    pub fn server_version(&self) -> &str {
+        &self.inner.server_version
+    }
+
+    /// The client's connection pool, for statements of your own against the same server.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// Deletes every expired row now, in batches, and returns how many it deleted. Never
+    /// deletes a live row. The background sweeper runs the same code.
+    pub async fn sweep_now(&self) -> Result<u64> {
+        self.inner.sweep().await
+    }
+
+    /// How many expired rows this client's sweeps have deleted so far.
+    pub fn rows_swept(&self) -> u64 {
+        self.inner.swept.load(Ordering::Relaxed)
+    }
+
+    /// Runs one acquire attempt on a task of its own, so that dropping the caller's future
+    /// never cuts a transaction short and never loses a grant: if the caller is gone when the
+    /// attempt grants, the grant is released at once.
+    async fn attempt_detached(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let (tx, rx) = oneshot::channel::<Result<Attempt>>();
+        let inner = self.inner.clone();
+        let name = req.name.clone();
+        let req = req.clone();
+        tokio::spawn(async move {
+            let result = inner.attempt(&req).await;
+            if let Err(Ok(Attempt::Granted(orphan))) = tx.send(result) {
+                // The caller dropped its future before the attempt finished.
+                let _ = inner.release(&orphan).await;
+            }
+        });
+        let mut pending = PendingAttempt {
+            rx,
+            inner: self.inner.clone(),
+        };
+        (&mut pending.rx).await.unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Backend,
+                "the acquire attempt's task ended without an answer (runtime shutting down?)",
+            )
+            .with_backend(BACKEND)
+            .with_lock(name))
+        })
+    }
+}
+
+impl Drop for MysqlLock {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self.sweeper.take() {
+            sweeper.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for MysqlLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlLock")
+            .field("endpoint", &self.inner.endpoint)
+            .field("server_version", &self.inner.server_version)
+            .field("owner", self.core.owner())
+            .field("sweeper", &self.sweeper.is_some())
+            .finish()
+    }
+}
+
+/// The receiving end of a detached attempt. If the caller's future is dropped after the
+/// attempt sent a grant but before the caller took it, the grant would be dropped with the
+/// channel: this gives it back instead.
+struct PendingAttempt {
+    rx: oneshot::Receiver<Result<Attempt>>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for PendingAttempt {
+    fn drop(&mut self) {
+        // After `close`, the attempt's `send` fails (and it releases the grant itself) or has
+        // already succeeded (and the grant is here): exactly one side releases it.
+        self.rx.close();
+        if let Ok(Ok(Attempt::Granted(orphan))) = self.rx.try_recv() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let inner = self.inner.clone();
+                handle.spawn(async move {
+                    let _ = inner.release(&orphan).await;
+                });
+            }
+            // Without a runtime the lease runs out by itself.
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MysqlLock {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        Ok(match self.attempt_detached(req).await? {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Held { .. } => None,
+        })
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        // `wait` is at most MAX_WAIT (validated by the caller), so this cannot overflow.
+        let deadline = Instant::now() + wait;
+        let (base, cap) = self.inner.backoff;
+        // Held answers carry the holder's remaining lease, so the loop wakes no later than the
+        // holder's expiry even when the backoff step is longer.
+        wait::poll(deadline, Backoff::new(base, cap), || {
+            self.attempt_detached(req)
+        })
+        .await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.inner.release(grant).await
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.inner.renew(grant, ttl).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// Opens one session within the caller's connect timeout: proves the server is reachable and
+/// accepts the credentials, creates and checks the tables, and reads the server version.
+async fn prepare(
+    options: &MySqlConnectOptions,
+    sql: &Statements,
+    create_tables: bool,
+    endpoint: &str,
+) -> Result<String> {
+    let fail = |what: &str| {
+        let what = format!("{what} on {endpoint}");
+        move |e: sqlx::Error| map_error(e, &what)
+    };
+    let mut conn = MySqlConnection::connect_with(options)
+        .await
+        .map_err(fail("connecting"))?;
+    if create_tables {
+        for ddl in [&sql.create_locks, &sql.create_fencing] {
+            conn.execute(AssertSqlSafe(ddl.clone()))
+                .await
+                .map_err(fail("creating the lock tables"))?;
+        }
+    }
+    for check in [&sql.check_locks, &sql.check_fencing] {
+        conn.execute(AssertSqlSafe(check.clone()))
+            .await
+            .map_err(|e| {
+                map_error(
+                    e,
+                    &format!(
+                        "checking the lock tables on {endpoint} (created with the DDL in the \
+                     distlock-mysql docs?)"
+                    ),
+                )
+            })?;
+    }
+    let version: String = sqlx::query_scalar(sql::VERSION)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(fail("reading the server version"))?;
+    // A failed goodbye does not make the session we just used any less proven.
+    let _ = conn.close().await;
+    Ok(version)
+}
+
+impl Inner {
+    fn err(&self, what: &str, name: &LockName) -> impl FnOnce(sqlx::Error) -> Error + '_ {
+        let what = format!("{what} on {}", self.endpoint);
+        let name = name.clone();
+        move |e| map_error(e, &what).with_lock(name)
+    }
+
+    async fn conn(
+        &self,
+        pool: &MySqlPool,
+        name: &LockName,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::MySql>> {
+        pool.acquire()
+            .await
+            .map_err(self.err("getting a pooled connection", name))
+    }
+
+    /// One acquire attempt: read the row, then try the one conditional write that fits what
+    /// was read. The write re-checks everything it relies on, on the server, so a row that
+    /// changed in between only costs another round.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let name = req.name.as_str().as_bytes();
+        let owner = req.owner.as_str().as_bytes();
+        let ttl_us = micros(req.ttl);
+        let mut conn = self.conn(&self.pool, &req.name).await?;
+        for _ in 0..MAX_ROUNDS {
+            let row = self
+                .read(&mut conn, name)
+                .await
+                .map_err(self.err("reading the lock row", &req.name))?;
+            let outcome = match row {
+                Some(r) if r.remaining_us > 0 && r.owner == owner => {
+                    self.join(&mut conn, req, r.token, ttl_us).await
+                }
+                Some(r) if r.remaining_us > 0 => {
+                    let left = Duration::from_micros(r.remaining_us.unsigned_abs());
+                    return Ok(Attempt::Held {
+                        expires_in: Some(left),
+                    });
+                }
+                seen => {
+                    self.grant_fresh(&mut conn, req, seen.is_some(), ttl_us)
+                        .await
+                }
+            };
+            match outcome {
+                Ok(Some(grant)) => return Ok(Attempt::Granted(grant)),
+                Ok(None) => continue,
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(self.err("acquiring", &req.name)(e)),
+            }
+        }
+        // Others kept changing the row under us: it is contended, so report it held.
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    async fn read(&self, conn: &mut MySqlConnection, name: &[u8]) -> sqlx::Result<Option<LockRow>> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|row| {
+            Ok(LockRow {
+                owner: row.try_get(0)?,
+                hold_count: row.try_get(1)?,
+                token: row.try_get(2)?,
+                remaining_us: row.try_get(3)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// A reentrant acquire: one more hold of the live grant with `token`, if it is still there.
+    async fn join(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &AcquireRequest,
+        token: u64,
+        ttl_us: u64,
+    ) -> sqlx::Result<Option<Grant>> {
+        let name = req.name.as_str().as_bytes();
+        let owner = req.owner.as_str().as_bytes();
+        let sent_at = Instant::now();
+        let done = sqlx::query(AssertSqlSafe(self.sql.join.clone()))
+            .bind(ttl_us)
+            .bind(name)
+            .bind(owner)
+            .bind(token)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let holds = u32::try_from(last_insert_id(&mut *conn, &done).await?).map_err(|_| {
+            sqlx::Error::Protocol("the joined hold count does not fit 32 bits".into())
+        })?;
+        Ok(Some(grant(req, FencingToken(token), holds, sent_at)))
+    }
+
+    /// A fresh grant, in one transaction: bump the name's fencing counter, then insert the row
+    /// (`expired` false: none was seen) or take over the expired one. If the write matches
+    /// nothing, the transaction is rolled back and the counter with it, so a failed attempt
+    /// issues no token.
+    async fn grant_fresh(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &AcquireRequest,
+        expired: bool,
+        ttl_us: u64,
+    ) -> sqlx::Result<Option<Grant>> {
+        let name = req.name.as_str().as_bytes();
+        let owner = req.owner.as_str().as_bytes();
+        let mut tx = conn.begin().await?;
+        let result: sqlx::Result<Option<(u64, Instant)>> = async {
+            let bumped = sqlx::query(AssertSqlSafe(self.sql.bump_fencing.clone()))
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+            let token = last_insert_id(&mut tx, &bumped).await?;
+            let sent_at = Instant::now();
+            let wrote = if expired {
+                sqlx::query(AssertSqlSafe(self.sql.takeover.clone()))
+                    .bind(owner)
+                    .bind(token)
+                    .bind(ttl_us)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await
+                    .map(|d| d.rows_affected() == 1)?
+            } else {
+                match sqlx::query(AssertSqlSafe(self.sql.insert.clone()))
+                    .bind(name)
+                    .bind(owner)
+                    .bind(token)
+                    .bind(ttl_us)
+                    .execute(&mut *tx)
+                    .await
+                {
+                    Ok(_) => true,
+                    // Inserted by someone else since our read: read again.
+                    Err(e) if is_duplicate(&e) => false,
+                    Err(e) => return Err(e),
+                }
+            };
+            Ok(wrote.then_some((token, sent_at)))
+        }
+        .await;
+        match result {
+            Ok(Some((token, sent_at))) => {
+                tx.commit().await?;
+                Ok(Some(grant(req, FencingToken(token), 1, sent_at)))
+            }
+            Ok(None) => {
+                tx.rollback().await?;
+                Ok(None)
+            }
+            Err(e) => {
+                // After a deadlock the server has rolled back already; after a lock wait
+                // timeout only the statement was. Either way end the transaction here rather
+                // than leave it to the connection's next user.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn release(&self, g: &Grant) -> Result<bool> {
+        let name = g.name.as_str().as_bytes();
+        let owner = g.owner.as_str().as_bytes();
+        let token = g.token.0;
+        let mut conn = self.conn(&self.holders, &g.name).await?;
+        let fail = || self.err("releasing", &g.name);
+        let exec = |sql: &Arc<str>| {
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(name)
+                .bind(owner)
+                .bind(token)
+        };
+        for _ in 0..MAX_ROUNDS {
+            let step: sqlx::Result<Option<bool>> = async {
+                if exec(&self.sql.release_last)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1
+                {
+                    return Ok(Some(true));
+                }
+                if exec(&self.sql.release_one)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1
+                {
+                    return Ok(Some(true));
+                }
+                let live: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.probe.clone()))
+                    .bind(name)
+                    .bind(owner)
+                    .bind(token)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                match live {
+                    None => Ok(Some(false)),
+                    Some(0) => {
+                        exec(&self.sql.clear_expired).execute(&mut *conn).await?;
+                        Ok(Some(false))
+                    }
+                    // Still live: another hold of this owner moved the count across 1 between
+                    // our two statements. Try again.
+                    Some(_) => Ok(None),
+                }
+            }
+            .await;
+            match step {
+                Ok(Some(held)) => return Ok(held),
+                Ok(None) => continue,
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(fail()(e)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "release kept racing with other holds of the same owner",
+        )
+        .with_backend(BACKEND)
+        .with_lock(&g.name)
+        .temporary(true))
+    }
+
+    async fn renew(&self, g: &Grant, ttl: Duration) -> Result<Duration> {
+        let ttl_us = micros(ttl);
+        let renewed = self
+            .renewals
+            .renew(
+                g.name.as_str().as_bytes(),
+                g.owner.as_str().as_bytes(),
+                g.token.0,
+                ttl_us,
+            )
+            .await
+            .ok_or_else(|| {
+                Error::new(ErrorKind::Unavailable, "the client is shutting down")
+                    .with_backend(BACKEND)
+                    .with_lock(&g.name)
+            })?
+            .map_err(|e| {
+                let what = format!("renewing on {}", self.endpoint);
+                error_from(&e.0, &what, e.clone()).with_lock(&g.name)
+            })?;
+        if renewed {
+            Ok(Duration::from_micros(ttl_us))
+        } else {
+            Err(lost(
+                &g.name,
+                format!(
+                    "the lease of token {} ran out or the row was taken over or removed",
+                    g.token
+                ),
+            )
+            .with_backend(BACKEND))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let mut conn = self.conn(&self.pool, name).await?;
+        let row = self
+            .read(&mut conn, name.as_str().as_bytes())
+            .await
+            .map_err(self.err("reading the lock row", name))?;
+        let Some(r) = row.filter(|r| r.remaining_us > 0) else {
+            return Ok(None);
+        };
+        let owner = String::from_utf8(r.owner)
+            .ok()
+            .and_then(|o| OwnerId::new(o).ok())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    "the lock row's owner is not a valid owner id (written by something else?)",
+                )
+                .with_backend(BACKEND)
+                .with_lock(name)
+            })?;
+        Ok(Some(LockInfo {
+            owner,
+            hold_count: r.hold_count,
+            token: FencingToken(r.token),
+            remaining: Some(Duration::from_micros(r.remaining_us.unsigned_abs())),
+        }))
+    }
+
+    /// Deletes expired rows in batches until a batch comes back short.
+    async fn sweep(&self) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+                .bind(self.sweep_batch)
+                .execute(&self.pool)
+                .await;
+            let deleted = match deleted {
+                Ok(d) => d.rows_affected(),
+                // Lost a lock race with an acquire or renewal; the next sweep catches up.
+                Err(e) if is_conflict(&e) => 0,
+                Err(e) => {
+                    let what = format!("sweeping expired rows on {}", self.endpoint);
+                    return Err(map_error(e, &what));
+                }
+            };
+            total += deleted;
+            self.swept.fetch_add(deleted, Ordering::Relaxed);
+            if deleted < u64::from(self.sweep_batch) {
+                return Ok(total);
+            }
+            // Let acquires and renewals queued behind this batch's row locks go first.
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+async fn sweep_loop(inner: Arc<Inner>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = inner.sweep().await {
+            tracing::warn!(error = %e, "distlock-mysql: sweeping expired locks failed");
+        }
+    }
+}
+
+/// The value the statement just run set with `LAST_INSERT_ID(expr)`: from its OK packet, or,
+/// where the packet does not carry it, from this session's own `LAST_INSERT_ID()`.
+async fn last_insert_id(conn: &mut MySqlConnection, done: &MySqlQueryResult) -> sqlx::Result<u64> {
+    match done.last_insert_id() {
+        0 => {
+            let id: u64 = sqlx::query_scalar(sql::LAST_INSERT_ID)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(id)
+        }
+        id => Ok(id),
+    }
+}
+
+fn grant(req: &AcquireRequest, token: FencingToken, hold_count: u32, sent_at: Instant) -> Grant {
+    Grant {
+        name: req.name.clone(),
+        owner: req.owner.clone(),
+        token,
+        hold_count,
+        // The server counts in whole microseconds; report the lease it was given.
+        ttl: Duration::from_micros(micros(req.ttl)),
+        sent_at,
+        key: String::new(),
+    }
+}
+
+/// A lease in whole microseconds, rounded down (never promise more than the server was told).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The server's error number, if it is a server error.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(d) => d
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(ER_DUP_ENTRY)
+}
+
+/// A lock conflict between concurrent transactions, which InnoDB resolved by rolling back
+/// ours: retrying is correct, since nothing of ours took effect.
+pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
+    matches!(
+        error_number(e),
+        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
+    )
+}
+
+/// Maps a driver error to distlock's kinds: no connection is `Unavailable`; a server in the
+/// middle of shutting down, full, or read-only (a demoted primary during failover) is
+/// `Unavailable` too, since retrying elsewhere or later can succeed; other server errors are
+/// `Backend`.
+fn map_error(e: sqlx::Error, what: &str) -> Error {
+    let (kind, temporary) = classify(&e);
+    Error::new(kind, format!("{what} failed"))
+        .with_source(e)
+        .with_backend(BACKEND)
+        .temporary(temporary)
+}
+
+/// [`map_error`] for an error shared by several operations.
+fn error_from(
+    e: &sqlx::Error,
+    what: &str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> Error {
+    let (kind, temporary) = classify(e);
+    Error::new(kind, format!("{what} failed"))
+        .with_source(source)
+        .with_backend(BACKEND)
+        .temporary(temporary)
+}
+
+fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
+    let kind = match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => ErrorKind::Unavailable,
+        sqlx::Error::Database(_) => match error_number(e) {
+            // Too many connections, shutdown in progress, connection killed, read-only
+            // (server option, transaction, MariaDB read-only mode).
+            Some(1040 | 1053 | 1927 | 1290 | 1792 | 1836) => ErrorKind::Unavailable,
+            _ => ErrorKind::Backend,
+        },
+        _ => ErrorKind::Backend,
+    };
+    let temporary =
+        kind == ErrorKind::Unavailable || is_conflict(e) || matches!(e, sqlx::Error::Protocol(_));
+    (kind, temporary)
+}

@@ -1,0 +1,578 @@
+//! [`MysqlConfig`]: the URL, the pool, the table names, the sweeper, and their validation.
+
+use std::fmt;
+use std::time::Duration;
+
+use distlock_api::{check_ttl, Error, OwnerId, Result, DEFAULT_TTL};
+use sqlx::mysql::MySqlConnectOptions;
+use url::{Host, Url};
+
+/// The default lock table.
+pub const DEFAULT_LOCK_TABLE: &str = "distlock_locks";
+/// The default fencing-counter table.
+pub const DEFAULT_FENCING_TABLE: &str = "distlock_fencing";
+/// The default number of pooled connections per client.
+pub const DEFAULT_POOL_SIZE: u32 = 10;
+/// The default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default pause between two sweeps of expired rows.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// The default number of rows one sweep statement deletes at most.
+pub const DEFAULT_SWEEP_BATCH: u32 = 100;
+/// The default first backoff step of a waiting acquire.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(2);
+/// The default longest backoff step of a waiting acquire.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
+
+const MAX_POOL_SIZE: u32 = 1_000;
+const MAX_SWEEP_BATCH: u32 = 10_000;
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// MySQL and MariaDB limit identifiers to 64 characters.
+const MAX_IDENTIFIER_LEN: usize = 64;
+
+/// How a [`MysqlLock`](crate::MysqlLock) reaches its server and keeps its tables.
+///
+/// Build one from a URL with [`from_url`](MysqlConfig::from_url), then adjust it with the
+/// setters. Everything is checked by [`validate`](MysqlConfig::validate), which
+/// [`MysqlLock::connect`](crate::MysqlLock::connect) calls before any I/O: bad input is an
+/// [`ErrorKind::InvalidArgument`](distlock_api::ErrorKind::InvalidArgument).
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_mysql::MysqlConfig;
+///
+/// let config = MysqlConfig::from_url(
+///     "mysql://app:secret@db.internal:3306/app?pool_size=4&lock_table=app_locks",
+/// )?
+/// .connect_timeout(Duration::from_secs(2))
+/// .sweep_interval(Some(Duration::from_secs(30)));
+/// assert_eq!(config.lock_table_name(), "app_locks");
+/// assert_eq!(config.pool_size_value(), 4);
+/// # Ok::<_, distlock_api::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct MysqlConfig {
+    host: String,
+    port: u16,
+    user: Option<String>,
+    password: Option<String>,
+    database: String,
+    pool_size: u32,
+    lock_table: String,
+    fencing_table: String,
+    sweep_interval: Option<Duration>,
+    sweep_batch: u32,
+    connect_timeout: Duration,
+    default_ttl: Duration,
+    owner: Option<OwnerId>,
+    create_tables: bool,
+    backoff: (Duration, Duration),
+}
+
+impl MysqlConfig {
+    /// Parses `mysql://user:password@host:port/database` (or `mariadb://…`).
+    ///
+    /// The user and password are optional and percent-decoded; the port defaults to 3306; the
+    /// database is required. Query parameters set options: `pool_size`, `lock_table`,
+    /// `fencing_table`, `connect_timeout_ms`, `sweep_interval_ms` (`0` turns the sweeper off),
+    /// `sweep_batch`, `default_ttl_ms`, `owner`, `create_tables` (`true`/`false`). Anything
+    /// else, including a malformed URL, is an `InvalidArgument` (so a typo is not ignored).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let invalid = |why: String| Error::invalid(why).with_backend(crate::BACKEND);
+        let parsed = Url::parse(url).map_err(|e| invalid(format!("malformed MySQL URL: {e}")))?;
+        if !matches!(parsed.scheme(), "mysql" | "mariadb") {
+            return Err(invalid(format!(
+                "the URL scheme is {:?}; the MySQL backend takes mysql:// or mariadb://",
+                parsed.scheme()
+            )));
+        }
+        let host = match parsed.host() {
+            Some(Host::Domain(d)) if !d.is_empty() => d.to_string(),
+            Some(Host::Ipv4(ip)) => ip.to_string(),
+            Some(Host::Ipv6(ip)) => ip.to_string(),
+            _ => return Err(invalid("the MySQL URL has no host".to_string())),
+        };
+        let user = match parsed.username() {
+            "" => None,
+            u => Some(percent_decode(u).map_err(|_| {
+                invalid("the user in the MySQL URL is not valid percent-encoded UTF-8".into())
+            })?),
+        };
+        let password = match parsed.password() {
+            None => None,
+            Some(p) => Some(percent_decode(p).map_err(|_| {
+                invalid("the password in the MySQL URL is not valid percent-encoded UTF-8".into())
+            })?),
+        };
+        let path = parsed.path().trim_start_matches('/');
+        if path.is_empty() {
+            return Err(invalid(
+                "the MySQL URL names no database (mysql://user:pass@host:port/DATABASE)"
+                    .to_string(),
+            ));
+        }
+        let database = percent_decode(path)
+            .map_err(|_| invalid("the database in the MySQL URL is not valid UTF-8".into()))?;
+        if database.contains('/') {
+            return Err(invalid(format!(
+                "the database name {database:?} contains '/'"
+            )));
+        }
+        let mut config = Self {
+            host,
+            port: parsed.port().unwrap_or(3306),
+            user,
+            password,
+            database,
+            ..Self::defaults()
+        };
+        for (key, value) in parsed.query_pairs() {
+            config.apply_param(&key, &value).map_err(invalid)?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn defaults() -> Self {
+        Self {
+            host: String::new(),
+            port: 3306,
+            user: None,
+            password: None,
+            database: String::new(),
+            pool_size: DEFAULT_POOL_SIZE,
+            lock_table: DEFAULT_LOCK_TABLE.to_string(),
+            fencing_table: DEFAULT_FENCING_TABLE.to_string(),
+            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
+            sweep_batch: DEFAULT_SWEEP_BATCH,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            default_ttl: DEFAULT_TTL,
+            owner: None,
+            create_tables: true,
+            backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
+        }
+    }
+
+    fn apply_param(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+        let int = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("URL parameter {key}={v:?} is not a whole number"))
+        };
+        let millis = |v: &str| int(v).map(Duration::from_millis);
+        match key {
+            "pool_size" => {
+                self.pool_size = u32::try_from(int(value)?)
+                    .map_err(|_| format!("pool_size={value} is out of range"))?;
+            }
+            "lock_table" => self.lock_table = value.to_string(),
+            "fencing_table" => self.fencing_table = value.to_string(),
+            "connect_timeout_ms" => self.connect_timeout = millis(value)?,
+            "sweep_interval_ms" => {
+                let d = millis(value)?;
+                self.sweep_interval = (!d.is_zero()).then_some(d);
+            }
+            "sweep_batch" => {
+                self.sweep_batch = u32::try_from(int(value)?)
+                    .map_err(|_| format!("sweep_batch={value} is out of range"))?;
+            }
+            "default_ttl_ms" => self.default_ttl = millis(value)?,
+            "owner" => {
+                self.owner = Some(OwnerId::new(value).map_err(|e| e.message().to_string())?);
+            }
+            "create_tables" => {
+                self.create_tables = match value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(format!("create_tables={value:?} is not true or false")),
+                }
+            }
+            "ssl-mode" | "sslmode" | "ssl_mode" => {
+                return Err(
+                    "TLS is not built into distlock-mysql; connect over a trusted network or a \
+                     local socket tunnel"
+                        .to_string(),
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unknown MySQL URL parameter {other:?} (known: pool_size, lock_table, \
+                     fencing_table, connect_timeout_ms, sweep_interval_ms, sweep_batch, \
+                     default_ttl_ms, owner, create_tables)"
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every setting; a bad one is an `InvalidArgument` naming it.
+    pub fn validate(&self) -> Result<()> {
+        let err = |why: String| Error::invalid(why).with_backend(crate::BACKEND);
+        let invalid = |why: String| Err(err(why));
+        if !(1..=MAX_POOL_SIZE).contains(&self.pool_size) {
+            return invalid(format!(
+                "pool size {} is outside 1..={MAX_POOL_SIZE}",
+                self.pool_size
+            ));
+        }
+        check_identifier("lock table", &self.lock_table).map_err(err)?;
+        check_identifier("fencing table", &self.fencing_table).map_err(err)?;
+        if self.lock_table.eq_ignore_ascii_case(&self.fencing_table) {
+            return invalid(format!(
+                "the lock table and the fencing table are both {:?}; they must differ",
+                self.lock_table
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
+            return invalid(format!(
+                "connect timeout {:?} is outside (0, {MAX_CONNECT_TIMEOUT:?}]",
+                self.connect_timeout
+            ));
+        }
+        if let Some(every) = self.sweep_interval {
+            if every < Duration::from_millis(1) {
+                return invalid(format!(
+                    "sweep interval {every:?} is shorter than 1ms (use None to turn it off)"
+                ));
+            }
+        }
+        if !(1..=MAX_SWEEP_BATCH).contains(&self.sweep_batch) {
+            return invalid(format!(
+                "sweep batch {} is outside 1..={MAX_SWEEP_BATCH}",
+                self.sweep_batch
+            ));
+        }
+        check_ttl(self.default_ttl).map_err(|e| e.with_backend(crate::BACKEND))?;
+        let (base, cap) = self.backoff;
+        if base.is_zero() || base > cap || cap > MAX_BACKOFF {
+            return invalid(format!(
+                "backoff {base:?}..{cap:?} must satisfy 0 < base <= cap <= {MAX_BACKOFF:?}"
+            ));
+        }
+        if self.host.is_empty() || self.database.is_empty() {
+            return invalid("the config has no host or database".to_string());
+        }
+        Ok(())
+    }
+
+    /// How many connections each of the client's two pools keeps at most (default 10): one
+    /// pool for acquire attempts, inspect and the sweeper, one for renewals and releases, so a
+    /// burst of contenders never delays the statements that keep held locks alive. Connections
+    /// are opened on demand and closed after 5 idle minutes.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The lock table (default `distlock_locks`): 1..=64 ASCII letters, digits, `_` or `$`,
+    /// not only digits.
+    pub fn lock_table(mut self, table: impl Into<String>) -> Self {
+        self.lock_table = table.into();
+        self
+    }
+
+    /// The fencing-counter table (default `distlock_fencing`), never swept: same rules as the
+    /// lock table, and a different name.
+    pub fn fencing_table(mut self, table: impl Into<String>) -> Self {
+        self.fencing_table = table.into();
+        self
+    }
+
+    /// How often the client's background sweeper deletes expired rows (default every 60 s);
+    /// `None` turns it off. Expired rows never block anyone (an acquire takes them over), so the
+    /// sweeper only keeps the table small when many names are used once.
+    pub fn sweep_interval(mut self, every: Option<Duration>) -> Self {
+        self.sweep_interval = every;
+        self
+    }
+
+    /// How many rows one sweep statement deletes at most (default 100); a sweep repeats the
+    /// statement until a batch comes back short, so short statements keep row locks brief.
+    pub fn sweep_batch(mut self, rows: u32) -> Self {
+        self.sweep_batch = rows;
+        self
+    }
+
+    /// How long connecting may take before the client reports `Unavailable` (default 5 s). It
+    /// also bounds the wait for a pooled connection.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The lease of watchdog-managed locks when the caller sets none (default 30 s).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// The client's owner id (default: a fresh random one).
+    pub fn owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Whether `connect` runs `CREATE TABLE IF NOT EXISTS` for both tables (default `true`).
+    /// Turn it off when the tables are created by a migration and the user lacks `CREATE`.
+    pub fn create_tables(mut self, create: bool) -> Self {
+        self.create_tables = create;
+        self
+    }
+
+    /// The backoff of a waiting acquire: the first step and the cap of the doubling steps
+    /// (default 2 ms to 100 ms). Waiters also wake at the holder's expiry.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.backoff = (base, cap);
+        self
+    }
+
+    /// The lock table's name.
+    pub fn lock_table_name(&self) -> &str {
+        &self.lock_table
+    }
+
+    /// The fencing table's name.
+    pub fn fencing_table_name(&self) -> &str {
+        &self.fencing_table
+    }
+
+    /// The pool size.
+    pub fn pool_size_value(&self) -> u32 {
+        self.pool_size
+    }
+
+    /// The sweeper's interval, `None` if it is off.
+    pub fn sweep_interval_value(&self) -> Option<Duration> {
+        self.sweep_interval
+    }
+
+    /// The rows one sweep statement deletes at most.
+    pub fn sweep_batch_value(&self) -> u32 {
+        self.sweep_batch
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout_value(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The default lease of watchdog-managed locks.
+    pub fn default_ttl_value(&self) -> Duration {
+        self.default_ttl
+    }
+
+    /// The configured owner id, if any.
+    pub fn owner_value(&self) -> Option<&OwnerId> {
+        self.owner.as_ref()
+    }
+
+    /// Whether `connect` creates the tables.
+    pub fn create_tables_value(&self) -> bool {
+        self.create_tables
+    }
+
+    /// The backoff's first step and cap.
+    pub fn backoff_value(&self) -> (Duration, Duration) {
+        self.backoff
+    }
+
+    /// `host:port`, as errors name the server.
+    pub fn endpoint(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// The database.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The driver's connect options for this server (for a raw [`sqlx`] connection of your own,
+    /// for example to inspect the tables).
+    pub fn connect_options(&self) -> MySqlConnectOptions {
+        let mut o = MySqlConnectOptions::new()
+            .host(&self.host)
+            .port(self.port)
+            .database(&self.database)
+            // Every expiry is computed with UTC_TIMESTAMP(6), so the session time zone never
+            // matters to the lock; UTC keeps any DATETIME a user reads back unambiguous.
+            .timezone(Some(String::from("+00:00")));
+        if let Some(u) = &self.user {
+            o = o.username(u);
+        }
+        if let Some(p) = &self.password {
+            o = o.password(p);
+        }
+        o
+    }
+}
+
+impl fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlConfig")
+            .field("endpoint", &self.endpoint())
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("database", &self.database)
+            .field("pool_size", &self.pool_size)
+            .field("lock_table", &self.lock_table)
+            .field("fencing_table", &self.fencing_table)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("sweep_batch", &self.sweep_batch)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("default_ttl", &self.default_ttl)
+            .field("owner", &self.owner)
+            .field("create_tables", &self.create_tables)
+            .field("backoff", &self.backoff)
+            .finish()
+    }
+}
+
+/// Table names are spliced into SQL (identifiers cannot be bound), so only a conservative
+/// character set is accepted; the statements quote them with backticks on top.
+fn check_identifier(what: &str, name: &str) -> std::result::Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+    if name.is_empty()
+        || name.len() > MAX_IDENTIFIER_LEN
+        || !name.chars().all(ok_char)
+        || name.chars().all(|c| c.is_ascii_digit())
+    {
+        return Err(format!(
+            "{what} name {name:?} must be 1..={MAX_IDENTIFIER_LEN} characters of [A-Za-z0-9_$], \
+             not only digits"
+        ));
+    }
+    Ok(())
+}
+
+fn percent_decode(s: &str) -> std::result::Result<String, ()> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or(())?;
+            let hex = std::str::from_utf8(hex).map_err(|_| ())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_api::ErrorKind;
+
+    #[test]
+    fn full_url_is_parsed() {
+        let c = MysqlConfig::from_url(
+            "mysql://us%40er:p%3Ass@db.example:3307/my_db?pool_size=3&lock_table=l1&fencing_table=f1\
+             &connect_timeout_ms=1500&sweep_interval_ms=250&sweep_batch=7&default_ttl_ms=900\
+             &owner=w-1&create_tables=false",
+        )
+        .unwrap();
+        assert_eq!(c.user.as_deref(), Some("us@er"));
+        assert_eq!(c.password.as_deref(), Some("p:ss"));
+        assert_eq!(c.endpoint(), "db.example:3307");
+        assert_eq!(c.database(), "my_db");
+        assert_eq!(c.pool_size_value(), 3);
+        assert_eq!(c.lock_table_name(), "l1");
+        assert_eq!(c.fencing_table_name(), "f1");
+        assert_eq!(c.connect_timeout_value(), Duration::from_millis(1500));
+        assert_eq!(c.sweep_interval_value(), Some(Duration::from_millis(250)));
+        assert_eq!(c.sweep_batch_value(), 7);
+        assert_eq!(c.default_ttl_value(), Duration::from_millis(900));
+        assert_eq!(c.owner_value().map(|o| o.as_str()), Some("w-1"));
+        assert!(!c.create_tables_value());
+        assert!(
+            !format!("{c:?}").contains("p:ss"),
+            "password leaked into Debug"
+        );
+    }
+
+    #[test]
+    fn defaults_and_mariadb_scheme() {
+        let c = MysqlConfig::from_url("mariadb://127.0.0.1/distlock").unwrap();
+        assert_eq!(c.endpoint(), "127.0.0.1:3306");
+        assert_eq!(c.user, None);
+        assert_eq!(c.lock_table_name(), DEFAULT_LOCK_TABLE);
+        assert_eq!(c.fencing_table_name(), DEFAULT_FENCING_TABLE);
+        assert_eq!(c.sweep_interval_value(), Some(DEFAULT_SWEEP_INTERVAL));
+        assert_eq!(c.pool_size_value(), DEFAULT_POOL_SIZE);
+        let c = MysqlConfig::from_url("mysql://u@[::1]:3310/d?sweep_interval_ms=0").unwrap();
+        assert_eq!(c.endpoint(), "[::1]:3310");
+        assert_eq!(c.sweep_interval_value(), None);
+    }
+
+    #[test]
+    fn bad_urls_are_invalid_argument() {
+        for bad in [
+            "",
+            "not a url",
+            "redis://127.0.0.1/db",
+            "mysql://127.0.0.1",
+            "mysql://127.0.0.1/",
+            "mysql:///db",
+            "mysql://127.0.0.1/a/b",
+            "mysql://127.0.0.1:99999/db",
+            "mysql://127.0.0.1/db?pool_size=0",
+            "mysql://127.0.0.1/db?pool_size=x",
+            "mysql://127.0.0.1/db?pool_size=99999999999",
+            "mysql://127.0.0.1/db?lock_table=drop%20table",
+            "mysql://127.0.0.1/db?lock_table=a%60b",
+            "mysql://127.0.0.1/db?lock_table=123",
+            "mysql://127.0.0.1/db?lock_table=",
+            "mysql://127.0.0.1/db?fencing_table=distlock_locks",
+            "mysql://127.0.0.1/db?connect_timeout_ms=0",
+            "mysql://127.0.0.1/db?sweep_batch=0",
+            "mysql://127.0.0.1/db?default_ttl_ms=0",
+            "mysql://127.0.0.1/db?owner=bad%20owner",
+            "mysql://127.0.0.1/db?create_tables=maybe",
+            "mysql://127.0.0.1/db?ssl-mode=required",
+            "mysql://127.0.0.1/db?poolsize=3",
+            "mysql://u:%ZZ@127.0.0.1/db",
+        ] {
+            let e = MysqlConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+            assert_eq!(e.backend(), Some("mysql"), "{bad}: {e}");
+        }
+        let long = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(65));
+        assert!(MysqlConfig::from_url(&long).is_err());
+        let ok = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(64));
+        assert!(MysqlConfig::from_url(&ok).is_ok());
+    }
+
+    #[test]
+    fn setters_are_validated() {
+        let base = MysqlConfig::from_url("mysql://127.0.0.1/db").unwrap();
+        for bad in [
+            base.clone().pool_size(0),
+            base.clone().lock_table("a.b"),
+            base.clone().fencing_table("x y"),
+            base.clone().lock_table("same").fencing_table("SAME"),
+            base.clone().connect_timeout(Duration::ZERO),
+            base.clone().sweep_interval(Some(Duration::from_micros(10))),
+            base.clone().sweep_batch(MAX_SWEEP_BATCH + 1),
+            base.clone().default_ttl(Duration::ZERO),
+            base.clone()
+                .backoff(Duration::from_millis(10), Duration::from_millis(1)),
+        ] {
+            let e = bad.validate().expect_err("accepted");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        }
+        assert!(base
+            .lock_table("Locks$2")
+            .fencing_table("fence_2")
+            .sweep_interval(None)
+            .validate()
+            .is_ok());
+    }
+}

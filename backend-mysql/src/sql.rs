@@ -1,0 +1,169 @@
+//! Every statement the backend sends, with `{locks}` and `{fencing}` standing for the configured
+//! (validated) table names. Each one is accepted by MySQL 8 and MariaDB 10.11 alike.
+//!
+//! Time is always the server's: `UTC_TIMESTAMP(6)`, which is `NOW(6)` in UTC, so neither a
+//! client's clock nor its session time zone nor a daylight-saving change can move a lease. A
+//! row is *live* while `expires_at > UTC_TIMESTAMP(6)`; every statement judges that itself, at
+//! the moment it runs, under the row lock it takes.
+
+use std::sync::Arc;
+
+/// The lock table's DDL.
+pub(crate) const CREATE_LOCKS: &str = include_str!("sql/create_locks.sql");
+/// The fencing table's DDL.
+pub(crate) const CREATE_FENCING: &str = include_str!("sql/create_fencing.sql");
+
+/// Fails early, with a clear error, if an existing table lacks a column this backend uses.
+const CHECK_LOCKS: &str =
+    "SELECT name, owner, hold_count, token, expires_at FROM `{locks}` LIMIT 0";
+const CHECK_FENCING: &str = "SELECT name, value FROM `{fencing}` LIMIT 0";
+
+/// The current row of a lock, live or not, with its remaining lease in microseconds (zero or
+/// negative once expired). Acquire uses it only to choose which conditional write to try;
+/// inspect filters out expired rows.
+const READ: &str = "SELECT owner, hold_count, token, \
+     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+     FROM `{locks}` WHERE name = ?";
+
+/// Inside the granting transaction: bump the name's counter (creating it at 1) and hand the new
+/// value back in the OK packet's last-insert-id, without a second round trip. The row stays
+/// locked until the transaction ends, so grants of one name are serialised here and a rolled
+/// back grant gives its number back.
+const BUMP_FENCING: &str = "INSERT INTO `{fencing}` (name, value) VALUES (?, LAST_INSERT_ID(1)) \
+     ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)";
+
+/// Fallback for the value that `LAST_INSERT_ID(expr)` set, when the OK packet does not carry
+/// it (a trigger on the table that inserts resets the packet's insert id). It reads this
+/// session's own value, so no other client's statement can change the answer.
+pub(crate) const LAST_INSERT_ID: &str = "SELECT LAST_INSERT_ID()";
+
+/// Inside the granting transaction: a fresh grant of a free name. A duplicate-key error means
+/// a row is there (held, or expired and not yet taken over).
+const INSERT: &str = "INSERT INTO `{locks}` (name, owner, hold_count, token, expires_at) \
+     VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+
+/// Inside the granting transaction: take over an expired row. Zero rows means it is live (or
+/// gone); the transaction is then rolled back.
+const TAKEOVER: &str = "UPDATE `{locks}` \
+     SET owner = ?, hold_count = 1, token = ?, \
+         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+     WHERE name = ? AND expires_at <= UTC_TIMESTAMP(6)";
+
+/// Reentrant acquire: one more hold for the live grant (owner and token) that was read. The new
+/// count comes back as last-insert-id. The lease is never shortened: other holds of the same
+/// owner keep the lease they were promised.
+const JOIN: &str = "UPDATE `{locks}` \
+     SET hold_count = LAST_INSERT_ID(hold_count + 1), \
+         expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+     WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)";
+
+/// Release of the last hold of a live grant.
+const RELEASE_LAST: &str = "DELETE FROM `{locks}` \
+     WHERE name = ? AND owner = ? AND token = ? AND hold_count = 1 \
+       AND expires_at > UTC_TIMESTAMP(6)";
+
+/// Release of one of several holds of a live grant.
+const RELEASE_ONE: &str = "UPDATE `{locks}` SET hold_count = hold_count - 1 \
+     WHERE name = ? AND owner = ? AND token = ? AND hold_count > 1 \
+       AND expires_at > UTC_TIMESTAMP(6)";
+
+/// After both release statements matched nothing: is the grant's row still there, and live?
+const PROBE: &str = "SELECT expires_at > UTC_TIMESTAMP(6) FROM `{locks}` \
+     WHERE name = ? AND owner = ? AND token = ?";
+
+/// A release of a grant whose lease ran out deletes its own expired row (nobody else's: the
+/// token is this grant's), so that a holder that releases leaves nothing behind.
+const CLEAR_EXPIRED: &str = "DELETE FROM `{locks}` \
+     WHERE name = ? AND owner = ? AND token = ? AND expires_at <= UTC_TIMESTAMP(6)";
+
+/// Renewal: extend a live grant to at least `ttl` from now (never shorten: see [`JOIN`]).
+const RENEW: &str = "UPDATE `{locks}` \
+     SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+     WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)";
+
+/// The sweeper: delete at most `?` expired rows. The condition is evaluated on the locked,
+/// current version of each row, so a row renewed a moment earlier is not deleted.
+const SWEEP: &str = "DELETE FROM `{locks}` WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT ?";
+
+/// The server's version string, for docs and errors.
+pub(crate) const VERSION: &str = "SELECT VERSION()";
+
+/// The statements of one client, rendered for its table names once at connect. `Arc<str>`, so
+/// each use is a reference-count bump and the driver's prepared-statement cache keys match.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) create_locks: Arc<str>,
+    pub(crate) create_fencing: Arc<str>,
+    pub(crate) check_locks: Arc<str>,
+    pub(crate) check_fencing: Arc<str>,
+    pub(crate) read: Arc<str>,
+    pub(crate) bump_fencing: Arc<str>,
+    pub(crate) insert: Arc<str>,
+    pub(crate) takeover: Arc<str>,
+    pub(crate) join: Arc<str>,
+    pub(crate) release_last: Arc<str>,
+    pub(crate) release_one: Arc<str>,
+    pub(crate) probe: Arc<str>,
+    pub(crate) clear_expired: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) sweep: Arc<str>,
+}
+
+impl Statements {
+    /// Renders every statement for these (already validated) table names.
+    pub(crate) fn new(locks: &str, fencing: &str) -> Self {
+        let r = |sql: &str| -> Arc<str> {
+            sql.replace("{locks}", locks)
+                .replace("{fencing}", fencing)
+                .into()
+        };
+        Self {
+            create_locks: r(CREATE_LOCKS),
+            create_fencing: r(CREATE_FENCING),
+            check_locks: r(CHECK_LOCKS),
+            check_fencing: r(CHECK_FENCING),
+            read: r(READ),
+            bump_fencing: r(BUMP_FENCING),
+            insert: r(INSERT),
+            takeover: r(TAKEOVER),
+            join: r(JOIN),
+            release_last: r(RELEASE_LAST),
+            release_one: r(RELEASE_ONE),
+            probe: r(PROBE),
+            clear_expired: r(CLEAR_EXPIRED),
+            renew: r(RENEW),
+            sweep: r(SWEEP),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_rendered() {
+        let s = Statements::new("l_t", "f_t");
+        for sql in [
+            &s.create_locks,
+            &s.create_fencing,
+            &s.check_locks,
+            &s.check_fencing,
+            &s.read,
+            &s.bump_fencing,
+            &s.insert,
+            &s.takeover,
+            &s.join,
+            &s.release_last,
+            &s.release_one,
+            &s.probe,
+            &s.clear_expired,
+            &s.renew,
+            &s.sweep,
+        ] {
+            assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
+            assert!(sql.contains("`l_t`") || sql.contains("`f_t`"), "{sql}");
+            assert!(!sql.contains("NOW("), "client-zone clock in {sql}");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+-- The lock table: one row per held lock (and per expired lock not yet taken over or swept).
+-- `{locks}` is the configured table name (validated: 1 to 64 ASCII letters, digits, _ or $).
+CREATE TABLE IF NOT EXISTS `{locks}` (
+    -- The lock name as its UTF-8 bytes (1..=255). VARBINARY compares bytes: names are
+    -- case-sensitive and trailing spaces count ('a' and 'a ' are two locks, which a PAD SPACE
+    -- collation such as utf8mb4_bin would merge). 255 bytes is far below InnoDB's 767-byte
+    -- (COMPACT) and 3072-byte (DYNAMIC) index key limits.
+    name       VARBINARY(255)  NOT NULL,
+    -- The holder's owner id: 1..=64 bytes of [A-Za-z0-9-_.:], compared byte for byte.
+    owner      VARBINARY(64)   NOT NULL,
+    -- How many times the owner holds it (reentrancy); the row is deleted when it reaches zero.
+    hold_count INT UNSIGNED    NOT NULL,
+    -- The grant's fencing token, taken from the fencing table in the granting transaction.
+    token      BIGINT UNSIGNED NOT NULL,
+    -- The end of the lease in UTC on the server's clock (UTC_TIMESTAMP(6)), to the microsecond.
+    -- The row is live while expires_at > UTC_TIMESTAMP(6).
+    expires_at DATETIME(6)     NOT NULL,
+    PRIMARY KEY (name),
+    -- For the sweeper's range scan of expired rows.
+    KEY expires_at (expires_at)
+) ENGINE = InnoDB

@@ -1,0 +1,33 @@
+#![doc = include_str!("../docs.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+mod backend;
+mod config;
+mod path;
+mod session;
+
+pub use backend::{ZkLock, CAPABILITIES};
+pub use config::{
+    ZkConfig, DEFAULT_BASE_PATH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT,
+};
+pub use distlock_api::{
+    Capabilities, DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo,
+    LockName, LockOptions, LostReason, OwnerId, Result,
+};
+/// The ZooKeeper client this backend drives, re-exported for [`ZkLock::client`].
+pub use zookeeper_client;
+
+/// The path segment lock `name` is stored under, below the base path: a fixed mark, then the
+/// name with `/`, `%` and every character ZooKeeper cannot store percent-encoded. For
+/// operators (finding a lock in `zkCli.sh`) and tests; [`ZkLock::lock_path`] gives the whole
+/// path.
+pub fn encode_lock_name(name: &str) -> String {
+    path::encode_name(name)
+}
+
+/// The lock name a path segment made by [`encode_lock_name`] stands for; `None` for any other
+/// node.
+pub fn decode_lock_name(segment: &str) -> Option<String> {
+    path::decode_name(segment)
+}

@@ -1,0 +1,170 @@
+//! Lock names as ZooKeeper path segments, and the queue nodes below them.
+//!
+//! A lock `name` lives at `<base>/<segment>` where `segment` is [`encode_name`]`(name)`; each
+//! contender adds an ephemeral-sequential child `_c_<uuid>-lock-<sequence>` to it.
+
+use std::fmt::Write as _;
+
+/// Every encoded name starts with this character, so no segment is ever `.`, `..` or
+/// `zookeeper` raw and the encoding stays reversible.
+const NAME_MARK: char = '_';
+
+/// What every queue node's name holds between the unique prefix and the sequence number.
+const QUEUE_INFIX: &str = "-lock-";
+
+/// Whether ZooKeeper rejects `c` in a path (or it needs escaping for the encoding to stay
+/// reversible). The server checks Java `char`s, UTF-16 code units: it refuses controls,
+/// U+D800..=U+F8FF (surrogates, hence every character outside the BMP, and the private use
+/// area) and U+FFF0..=U+FFFF.
+pub(crate) fn unstorable(c: char) -> bool {
+    let u = c as u32;
+    u <= 0x1f || (0x7f..=0x9f).contains(&u) || (0xd800..=0xf8ff).contains(&u) || u >= 0xfff0
+}
+
+/// The path segment of lock `name`: the mark, then the name with `/`, `%` and every character
+/// ZooKeeper cannot store percent-encoded as UTF-8 bytes.
+pub(crate) fn encode_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 1);
+    out.push(NAME_MARK);
+    for c in name.chars() {
+        if c == '/' || c == '%' || unstorable(c) {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The lock name a segment made by [`encode_name`] stands for; `None` for any other node.
+pub(crate) fn decode_name(segment: &str) -> Option<String> {
+    percent_decode(segment.strip_prefix(NAME_MARK)?)
+}
+
+/// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(s.len());
+    let mut it = s.bytes();
+    while let Some(b) = it.next() {
+        if b == b'%' {
+            let hi = (it.next()? as char).to_digit(16)?;
+            let lo = (it.next()? as char).to_digit(16)?;
+            bytes.push((hi * 16 + lo) as u8);
+        } else {
+            bytes.push(b);
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// `parent/child`, without doubling the root's slash.
+pub(crate) fn join(parent: &str, child: &str) -> String {
+    if parent == "/" {
+        format!("/{child}")
+    } else {
+        format!("{parent}/{child}")
+    }
+}
+
+/// A fresh queue-node prefix, unique to one acquire attempt: after a connection loss during
+/// its create, the contender finds its node by this prefix instead of leaving an orphan.
+pub(crate) fn new_queue_prefix() -> String {
+    format!("_c_{}{QUEUE_INFIX}", uuid::Uuid::new_v4().simple())
+}
+
+/// One contender's node in a lock's queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QueueNode {
+    /// The node's name (not the full path).
+    pub(crate) name: String,
+    /// Its sequence number: the queue order.
+    pub(crate) seq: i64,
+}
+
+/// The queue nodes among `children`, lowest sequence (the holder) first. Anything else a
+/// lock node might hold (an operator's node) is ignored.
+pub(crate) fn queue(children: Vec<String>) -> Vec<QueueNode> {
+    let mut nodes: Vec<QueueNode> = children
+        .into_iter()
+        .filter_map(|name| {
+            let (_, digits) = name.rsplit_once(QUEUE_INFIX)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let seq = digits.parse().ok()?;
+            Some(QueueNode { name, seq })
+        })
+        .collect();
+    // By sequence, never by name: names start with random prefixes.
+    nodes.sort_by_key(|n| n.seq);
+    nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_valid_name_encodes_to_one_storable_segment_and_back() {
+        let names = [
+            "/",
+            ".",
+            "..",
+            "zookeeper",
+            "a/b",
+            "a/../b",
+            "a//b",
+            "%2F",
+            "100%",
+            "ключ",
+            "锁",
+            "🔒",
+            "e\u{301}",
+            "\u{e000}private",
+            "\u{fff9}",
+            "{tag}*?[]'\"`;--",
+            " padded ",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let seg = encode_name(name);
+            assert!(seg.starts_with(NAME_MARK), "{seg}");
+            assert!(!seg.contains('/'), "{name:?} -> {seg:?}");
+            assert!(!seg.chars().any(unstorable), "{name:?} -> {seg:?}");
+            assert!(!matches!(seg.as_str(), "." | ".." | "zookeeper"));
+            assert_eq!(decode_name(&seg).as_deref(), Some(name), "{seg}");
+            assert!(seen.insert(seg), "two names share a segment");
+        }
+        assert_eq!(encode_name("a/b"), "_a%2Fb");
+        assert_eq!(encode_name("%2F"), "_%252F");
+        assert_eq!(encode_name("🔒"), "_%F0%9F%94%92");
+        assert_eq!(decode_name("no-mark"), None);
+        assert_eq!(decode_name("_bad%zz"), None);
+        assert_eq!(decode_name("_%FF"), None);
+    }
+
+    #[test]
+    fn queue_orders_by_sequence_and_skips_foreign_nodes() {
+        let children = vec![
+            "_c_ffff-lock-0000000003".to_string(),
+            "_c_0000-lock-0000000010".to_string(),
+            "_c_aaaa-lock-0000000001".to_string(),
+            "operator-note".to_string(),
+            "_c_bbbb-lock-".to_string(),
+            "_c_cccc-lock-12x".to_string(),
+        ];
+        let q = queue(children);
+        let seqs: Vec<i64> = q.iter().map(|n| n.seq).collect();
+        assert_eq!(seqs, [1, 3, 10]);
+        assert_eq!(q[0].name, "_c_aaaa-lock-0000000001");
+        let p = new_queue_prefix();
+        assert!(p.starts_with("_c_") && p.ends_with(QUEUE_INFIX));
+        assert_ne!(p, new_queue_prefix());
+        assert_eq!(join("/", "x"), "/x");
+        assert_eq!(join("/a", "x"), "/a/x");
+    }
+}

@@ -1,0 +1,328 @@
+//! The ZooKeeper session a client's locks live and die with: opening it, and watching it so
+//! that its end (expiry, or a disconnection longer than the session timeout) fires `lost()` on
+//! every guard it held and a fresh session takes its place.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+use distlock_api::{Error, ErrorKind, Result};
+use tokio::sync::{oneshot, watch};
+use zookeeper_client as zk;
+
+use crate::backend::Inner;
+use crate::config::ZkConfig;
+
+/// The first delay between reconnect attempts after a session ended; it doubles to
+/// [`RECONNECT_BACKOFF_CAP`].
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(50);
+const RECONNECT_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// Pause before repeating a request whose answer was lost (the client is reconnecting).
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// One ZooKeeper session, as the locks acquired in it see it.
+pub(crate) struct Session {
+    pub(crate) client: zk::Client,
+    /// The session id, as ephemeral nodes record their owner.
+    pub(crate) id: i64,
+    /// The negotiated session timeout: every lock's lease.
+    pub(crate) timeout: Duration,
+    /// Counts the sessions of one client handle, so a hold knows which one it belongs to.
+    pub(crate) epoch: u64,
+    /// Set once the session is known to be over (or given up on); operations then fail fast
+    /// instead of queueing behind a connection that will not come back.
+    lost: AtomicBool,
+    /// Turns `true` with `lost`, to wake acquires waiting in this session.
+    pub(crate) ended: watch::Sender<bool>,
+    /// How long one request may take before it counts as lost in transit.
+    pub(crate) op_timeout: Duration,
+}
+
+impl Session {
+    /// Whether the session is over or given up on.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst) || self.client.state().is_terminated()
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.ended.send_replace(true);
+    }
+
+    /// Fails with `Unavailable` if the session is over, before any request is queued on it.
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "the ZooKeeper session ended; a new one is being established",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs one request with the per-request bound. `Err(None)` means no answer in time: the
+    /// request may or may not have been applied.
+    pub(crate) async fn call<T>(
+        &self,
+        request: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> std::result::Result<T, Option<zk::Error>> {
+        match tokio::time::timeout(self.op_timeout, request).await {
+            Ok(r) => r.map_err(Some),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// Runs a request that is safe to repeat (a read, a watch, an idempotent write), again
+    /// while its answers get lost, for up to the per-request bound: a connection that drops
+    /// and comes back within the session fails nothing.
+    pub(crate) async fn call_again<T, F>(
+        &self,
+        mut request: impl FnMut() -> F,
+    ) -> std::result::Result<T, Option<zk::Error>>
+    where
+        F: Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        let give_up = Instant::now() + self.op_timeout;
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let outcome = match tokio::time::timeout(left, request()).await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
+            };
+            match outcome {
+                Err(e) if in_doubt(&e) && !self.is_lost() && Instant::now() < give_up => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+/// Connects to the ensemble and makes sure the chroot and base path exist, all within the
+/// connect timeout.
+pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
+    let limit = config.connect_timeout;
+    let connect = async {
+        let client = zk::Client::connector()
+            .with_session_timeout(config.session_timeout)
+            .connect(&config.hosts)
+            .await
+            .map_err(|e| zk_error(e, "cannot establish a session"))?;
+        let base = config.absolute_base();
+        if base != "/" {
+            let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            client
+                .mkdir(&base, &persistent)
+                .await
+                .map_err(|e| zk_error(e, &format!("cannot create the base path {base:?}")))?;
+        }
+        let client = match &config.chroot {
+            None => client,
+            Some(root) => client.chroot(root.as_str()).map_err(|_| {
+                Error::invalid(format!("chroot {root:?} is not a valid ZooKeeper path"))
+            })?,
+        };
+        Ok::<_, Error>(client)
+    };
+    let client = tokio::time::timeout(limit, connect).await.map_err(|_| {
+        Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "no ZooKeeper session with {} within the connect timeout of {limit:?}",
+                config.hosts
+            ),
+        )
+    })??;
+    let timeout = client.session_timeout();
+    Ok(Session {
+        id: client.session_id().0,
+        timeout,
+        epoch,
+        lost: AtomicBool::new(false),
+        ended: watch::channel(false).0,
+        op_timeout: timeout.max(limit),
+        client,
+    })
+}
+
+/// Watches the client's current session; when it ends, fires `lost()` on its guards, then
+/// opens a new session (with backoff) and installs it. Ends when the client handle is dropped
+/// (`stop` closes).
+pub(crate) async fn monitor(
+    inner: Weak<Inner>,
+    config: ZkConfig,
+    mut stop: oneshot::Receiver<()>,
+    mut states: zk::StateWatcher,
+    mut timeout: Duration,
+    mut epoch: u64,
+) {
+    loop {
+        let reason = tokio::select! {
+            _ = &mut stop => return,
+            reason = session_end(&mut states, timeout) => reason,
+        };
+        tracing::warn!(epoch, %reason, "ZooKeeper session ended; locks held in it are lost");
+        match inner.upgrade() {
+            Some(inner) => inner.session_ended(epoch, &reason),
+            None => return,
+        }
+        let mut backoff = RECONNECT_BACKOFF;
+        let session = loop {
+            let attempt = tokio::select! {
+                _ = &mut stop => return,
+                attempt = open(&config, epoch + 1) => attempt,
+            };
+            match attempt {
+                Ok(session) => break session,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a new ZooKeeper session; retrying");
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RECONNECT_BACKOFF_CAP);
+                }
+            }
+        };
+        epoch = session.epoch;
+        timeout = session.timeout;
+        states = session.client.state_watcher();
+        match inner.upgrade() {
+            Some(inner) => inner.install(session),
+            None => return,
+        }
+    }
+}
+
+/// Resolves, with the reason, when the session is over: expired, closed, refused, or
+/// disconnected for longer than the session timeout. By then the server has expired it (or
+/// will when it hears from us again, which dropping the client arranges), so no lock it held
+/// can be trusted.
+async fn session_end(states: &mut zk::StateWatcher, timeout: Duration) -> String {
+    let mut disconnected_since = match states.peek_state() {
+        zk::SessionState::Disconnected => Some(Instant::now()),
+        s if s.is_terminated() => return terminal_reason(s),
+        _ => None,
+    };
+    loop {
+        let state = match disconnected_since {
+            None => states.changed().await,
+            Some(since) => tokio::select! {
+                state = states.changed() => state,
+                _ = tokio::time::sleep_until((since + timeout).into()) => {
+                    return format!(
+                        "disconnected from ZooKeeper for longer than the session timeout \
+                         ({timeout:?})"
+                    );
+                }
+            },
+        };
+        match state {
+            zk::SessionState::Disconnected => {
+                disconnected_since.get_or_insert_with(Instant::now);
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                disconnected_since = None;
+            }
+            terminal => return terminal_reason(terminal),
+        }
+    }
+}
+
+fn terminal_reason(state: zk::SessionState) -> String {
+    match state {
+        zk::SessionState::Closed => "ZooKeeper session closed".into(),
+        zk::SessionState::AuthFailed => "ZooKeeper session refused: authentication failed".into(),
+        _ => "ZooKeeper session expired".into(),
+    }
+}
+
+/// Whether the server itself answered with this error, so the request was not applied. Any
+/// other error (a connection lost or timed out, however the client words it) leaves it
+/// unknown whether the server applied the request.
+pub(crate) fn answered(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::NoNode
+            | zk::Error::NoAuth
+            | zk::Error::BadVersion
+            | zk::Error::NoChildrenForEphemerals
+            | zk::Error::NodeExists
+            | zk::Error::NotEmpty
+            | zk::Error::InvalidAcl
+            | zk::Error::QuotaExceeded
+            | zk::Error::Throttled
+            | zk::Error::MarshallingError
+            | zk::Error::Unimplemented
+            | zk::Error::BadArguments(_)
+            | zk::Error::NoWatcher
+            | zk::Error::NotReadOnly
+            | zk::Error::ReconfigDisabled
+            | zk::Error::UnexpectedErrorCode(_)
+            | zk::Error::AuthFailed
+            | zk::Error::SessionExpired
+            | zk::Error::SessionMoved
+            | zk::Error::ClientClosed
+    )
+}
+
+/// Whether a request's outcome is unknown: no answer in time, or the connection went.
+pub(crate) fn in_doubt(e: &Option<zk::Error>) -> bool {
+    e.as_ref().is_none_or(|e| !answered(e))
+}
+
+/// Maps a client error: connection trouble, throttling and a session that is gone are
+/// `Unavailable` (retrying, on this or the next session, may work); the server's other
+/// answers are `Backend`.
+pub(crate) fn zk_error(e: zk::Error, what: &str) -> Error {
+    let kind = match e {
+        zk::Error::Throttled
+        | zk::Error::SessionExpired
+        | zk::Error::SessionMoved
+        | zk::Error::ClientClosed => ErrorKind::Unavailable,
+        ref e if !answered(e) => ErrorKind::Unavailable,
+        _ => ErrorKind::Backend,
+    };
+    Error::new(kind, what.to_string())
+        .with_source(e)
+        .with_backend("zk")
+}
+
+/// The error of a request that got no answer within the per-request bound.
+pub(crate) fn no_answer(what: &str, limit: Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!("{what}: no answer from ZooKeeper within {limit:?}"),
+    )
+    .with_backend("zk")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_answers_are_unavailable_and_in_doubt_server_answers_are_not() {
+        for e in [
+            zk::Error::ConnectionLoss,
+            zk::Error::Timeout,
+            zk::Error::NoHosts,
+        ] {
+            assert!(in_doubt(&Some(e.clone())), "{e}");
+            assert_eq!(zk_error(e, "x").kind(), ErrorKind::Unavailable);
+        }
+        assert!(in_doubt(&None));
+        for e in [zk::Error::SessionExpired, zk::Error::Throttled] {
+            assert!(!in_doubt(&Some(e.clone())), "{e}");
+            assert_eq!(zk_error(e, "x").kind(), ErrorKind::Unavailable);
+        }
+        for e in [zk::Error::NoNode, zk::Error::NoAuth, zk::Error::NodeExists] {
+            assert!(!in_doubt(&Some(e.clone())), "{e}");
+            let err = zk_error(e, "x");
+            assert_eq!(err.kind(), ErrorKind::Backend);
+            assert!(!err.is_temporary());
+        }
+    }
+}
