@@ -86,7 +86,7 @@ impl EtcdConfig {
 
     /// Parses `etcd://[user:password@]host[:port][,host[:port]…][/key/prefix][?options]`
     /// (`http://` is accepted for `etcd://`). The port defaults to 2379; the path, if any, is
-    /// the key prefix (default `/distlock`). Options: `lease_ttl`, `connect_timeout`,
+    /// the key prefix (default `/distlock`). Options (each also as `<name>_ms=<millis>`): `lease_ttl`, `connect_timeout`,
     /// `request_timeout` (a whole number with a unit: `500ms`, `10s`, `2m`) and `owner`.
     ///
     /// A malformed URL, an unknown option or a bad value is
@@ -150,6 +150,13 @@ impl EtcdConfig {
                 .split_once('=')
                 .ok_or_else(|| invalid(format!("URL option {pair:?} has no value")))?;
             let v = percent_decode(v, k)?;
+            // `<option>_ms=<millis>`, as the other backends spell it, means `<option>=<n>ms`.
+            let (k, v) = match k.strip_suffix("_ms") {
+                Some(base) if v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() => {
+                    (base, format!("{v}ms"))
+                }
+                _ => (k, v.to_string()),
+            };
             config = match k {
                 "lease_ttl" => config.lease_ttl(parse_duration(k, &v)?)?,
                 "connect_timeout" => config.connect_timeout(parse_duration(k, &v)?)?,

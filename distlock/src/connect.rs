@@ -76,8 +76,19 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
 pub(crate) fn backend_capabilities() -> Vec<(&'static str, distlock_api::Capabilities)> {
     #[allow(unused_mut)]
     let mut v = Vec::new();
+    #[cfg(feature = "redis")]
+    v.extend([
+        ("Redis", distlock_redis::CAPABILITIES),
+        ("RedLock (3+ masters)", distlock_redis::REDLOCK_CAPABILITIES),
+    ]);
+    #[cfg(feature = "mysql")]
+    v.push(("MySQL / MariaDB", distlock_mysql::CAPABILITIES));
     #[cfg(feature = "mongo")]
     v.push(("MongoDB", distlock_mongo::CAPABILITIES));
+    #[cfg(feature = "zk")]
+    v.push(("ZooKeeper", distlock_zk::CAPABILITIES));
+    #[cfg(feature = "etcd")]
+    v.push(("etcd", distlock_etcd::CAPABILITIES));
     v
 }
 
@@ -86,6 +97,31 @@ mod backends {
 
     pub(super) async fn connect(scheme: &str, url: &str) -> Result<Arc<dyn DistributedLock>> {
         match scheme {
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" => {
+                let config = distlock_redis::RedisConfig::from_url(url)?;
+                Ok(Arc::new(distlock_redis::RedisLock::connect(config).await?))
+            }
+            #[cfg(feature = "redis")]
+            "redlock" => {
+                let config = distlock_redis::RedLockConfig::from_url(url)?;
+                Ok(Arc::new(distlock_redis::RedLock::connect(config).await?))
+            }
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => {
+                let config = distlock_mysql::MysqlConfig::from_url(url)?;
+                Ok(Arc::new(distlock_mysql::MysqlLock::connect(config).await?))
+            }
+            #[cfg(feature = "zk")]
+            "zk" => {
+                let config = distlock_zk::ZkConfig::from_url(url)?;
+                Ok(Arc::new(distlock_zk::ZkLock::connect(config).await?))
+            }
+            #[cfg(feature = "etcd")]
+            "etcd" => {
+                let config = distlock_etcd::EtcdConfig::from_url(url)?;
+                Ok(Arc::new(distlock_etcd::EtcdLock::connect(config).await?))
+            }
             #[cfg(feature = "mongo")]
             "mongodb" => {
                 let config = distlock_mongo::MongoConfig::from_url(url)?;

@@ -9,6 +9,30 @@ pub use connect::{connect, schemes};
 pub use distlock_api::*;
 pub use table::capability_table;
 
+/// The Redis and RedLock backends (feature `redis`).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use distlock_redis::*;
+}
+
+/// The MySQL / MariaDB backend (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use distlock_mysql::*;
+}
+
+/// The ZooKeeper backend (feature `zk`).
+#[cfg(feature = "zk")]
+pub mod zk {
+    pub use distlock_zk::*;
+}
+
+/// The etcd backend (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub mod etcd {
+    pub use distlock_etcd::*;
+}
+
 /// The MongoDB backend (feature `mongo`).
 #[cfg(feature = "mongo")]
 pub mod mongo {
