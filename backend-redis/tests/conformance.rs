@@ -63,6 +63,10 @@ impl Harness for Redis {
         Duration::from_millis(250)
     }
 
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
+        common::subscribers(&self.url, name).await.map(Some)
+    }
+
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
         common::leftovers(&self.url, prefix).await
     }

@@ -47,6 +47,20 @@ pub async fn remove_lock(url: &str, name: &LockName) -> Result<()> {
     Ok(())
 }
 
+/// How many connections are subscribed to `name`'s release channel: each waiting client holds
+/// one subscription, so a cancelled waiter's must be gone.
+pub async fn subscribers(url: &str, name: &LockName) -> Result<usize> {
+    let config = RedisConfig::from_url(url)?;
+    let mut con = raw(url).await?;
+    let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(config.release_channel(name))
+        .query_async(&mut con)
+        .await
+        .map_err(|e| failed("PUBSUB NUMSUB", e))?;
+    Ok(counts.into_iter().map(|(_, n)| n as usize).sum())
+}
+
 /// Lock keys (not fencing counters) and subscribed release channels left on the server for
 /// names starting with `prefix`.
 pub async fn leftovers(url: &str, prefix: &str) -> Result<Vec<String>> {
