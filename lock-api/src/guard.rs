@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{safe_until, FencingToken, Grant};
@@ -44,50 +44,65 @@ impl fmt::Display for LostReason {
 
 /// State shared between a guard and the client's watchdog.
 pub(crate) struct GrantState {
-    safe_until: Mutex<Option<Instant>>,
-    lost: watch::Sender<Option<LostReason>>,
+    inner: Mutex<StateInner>,
+    changed: Notify,
+}
+
+struct StateInner {
+    safe_until: Option<Instant>,
+    lost: Option<LostReason>,
 }
 
 impl GrantState {
     fn new(safe_until: Option<Instant>) -> Self {
         Self {
-            safe_until: Mutex::new(safe_until),
-            lost: watch::channel(None).0,
+            inner: Mutex::new(StateInner {
+                safe_until,
+                lost: None,
+            }),
+            changed: Notify::new(),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StateInner> {
+        // Every update is a single assignment, so a poisoned lock still holds consistent state.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn safe_until(&self) -> Option<Instant> {
-        *self.safe_until.lock().unwrap_or_else(|p| p.into_inner())
+        self.lock().safe_until
     }
 
     pub(crate) fn extend(&self, until: Instant) {
-        let mut s = self.safe_until.lock().unwrap_or_else(|p| p.into_inner());
-        if s.is_some_and(|cur| until > cur) {
-            *s = Some(until);
+        let mut s = self.lock();
+        if s.safe_until.is_some_and(|cur| until > cur) {
+            s.safe_until = Some(until);
         }
+        drop(s);
+        // `lost()` futures sleep until safe-until: let them take the new deadline.
+        self.changed.notify_waiters();
     }
 
     /// Fires the lost signal; the first reason sticks.
     pub(crate) fn fire(&self, reason: LostReason) {
-        self.lost.send_if_modified(|cur| {
-            if cur.is_none() {
-                *cur = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
+        let mut s = self.lock();
+        if s.lost.is_none() {
+            s.lost = Some(reason);
+            drop(s);
+            self.changed.notify_waiters();
+        }
     }
 
     pub(crate) fn is_fired(&self) -> bool {
-        self.lost.borrow().is_some()
+        self.lock().lost.is_some()
     }
 
     fn reason(&self) -> Option<LostReason> {
-        if let Some(r) = self.lost.borrow().clone() {
-            return Some(r);
+        let s = self.lock();
+        if let Some(r) = &s.lost {
+            return Some(r.clone());
         }
-        self.safe_until()
+        s.safe_until
             .filter(|&until| Instant::now() >= until)
             .map(|_| LostReason::Expired)
     }
@@ -185,10 +200,13 @@ impl LockGuard {
     /// so it can be raced against the critical section or handed to another task; if the guard
     /// is released first, it resolves to [`LostReason::Released`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.state.lost.subscribe();
         let state = self.state.clone();
         async move {
             loop {
+                // Registered before the check, so a change between the two is not missed.
+                let changed = state.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
                 if let Some(r) = state.reason() {
                     return r;
                 }
@@ -200,8 +218,7 @@ impl LockGuard {
                     }
                 };
                 tokio::select! {
-                    // The sender lives in `state`, which this future holds: never closed.
-                    _ = rx.changed() => {}
+                    _ = changed => {}
                     _ = sleep => {}
                 }
             }

@@ -15,6 +15,12 @@ use crate::lock::DistributedLock;
 
 /// How many renewals one client has in flight at most.
 const MAX_CONCURRENT_RENEWALS: usize = 64;
+/// While it has nothing to watch, the task still wakes this often, so that enrolling a guard
+/// whose first deadline is later than that needs no cross-thread wake-up (the common case:
+/// a lock held for less than a third of its lease costs no watchdog work at all).
+const IDLE_TICK: Duration = Duration::from_secs(1);
+/// After this long with nothing to watch, the task ends; the next guard starts a new one.
+const IDLE_EXIT: Duration = Duration::from_secs(30);
 
 pub(crate) struct Watchdog {
     shared: Arc<Shared>,
@@ -31,6 +37,8 @@ struct Inner {
     next_id: u64,
     entries: HashMap<u64, Entry>,
     task: Option<JoinHandle<()>>,
+    /// When the running task will next look at the entries by itself.
+    wake_at: Option<Instant>,
 }
 
 struct Entry {
@@ -72,6 +80,10 @@ impl Watchdog {
         let id = inner.next_id;
         inner.next_id += 1;
         let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
+        let first_deadline = match (state.safe_until(), renew) {
+            (Some(until), Some((_, at))) => Some(until.min(at)),
+            (until, renew) => until.or(renew.map(|(_, at)| at)),
+        };
         inner.entries.insert(
             id,
             Entry {
@@ -84,12 +96,21 @@ impl Watchdog {
         );
         let running = inner.task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
+            inner.wake_at = None;
             inner.task = tokio::runtime::Handle::try_current()
                 .ok()
                 .map(|h| h.spawn(run(self.shared.clone())));
+            return id;
         }
+        let sooner = match (first_deadline, inner.wake_at) {
+            (Some(due), Some(wake)) => due < wake,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
         drop(inner);
-        self.shared.wake.notify_one();
+        if sooner {
+            self.shared.wake.notify_one();
+        }
         id
     }
 
@@ -131,6 +152,7 @@ struct Due {
 }
 
 async fn run(shared: Arc<Shared>) {
+    let mut idle_since: Option<Instant> = None;
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);
@@ -174,11 +196,19 @@ async fn run(shared: Arc<Shared>) {
                 true
             });
             if inner.entries.is_empty() {
-                // Exit while holding the lock, so a concurrent `register` sees the task gone
-                // and starts a new one.
-                inner.task = None;
-                return;
+                let since = *idle_since.get_or_insert(now);
+                if now.duration_since(since) >= IDLE_EXIT {
+                    // Exit while holding the lock, so a concurrent `register` sees the task
+                    // gone and starts a new one.
+                    inner.task = None;
+                    inner.wake_at = None;
+                    return;
+                }
+            } else {
+                idle_since = None;
             }
+            let next = Some(next.map_or(now + IDLE_TICK, |n| n.min(now + IDLE_TICK)));
+            inner.wake_at = next;
             next
         };
         for d in due {
