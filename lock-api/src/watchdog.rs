@@ -1,7 +1,11 @@
 //! One renewal task per client: renews every watchdog-managed grant at TTL/3 and fires `lost()`
 //! when a renewal finds the lock gone or safe-until passes without a successful renewal.
+//!
+//! Entries sit in a deadline-ordered queue, so a wake-up touches only what is due: a client
+//! holding ten thousand locks renews each at its own time at O(log n) a step, not by rescanning
+//! them all.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -15,9 +19,9 @@ use crate::lock::DistributedLock;
 
 /// How many renewals one client has in flight at most.
 const MAX_CONCURRENT_RENEWALS: usize = 64;
-/// While it has nothing to watch, the task still wakes this often, so that enrolling a guard
-/// whose first deadline is later than that needs no cross-thread wake-up (the common case:
-/// a lock held for less than a third of its lease costs no watchdog work at all).
+/// While it has nothing due sooner, the task still wakes this often, so that enrolling a guard
+/// whose first deadline is later than that needs no cross-thread wake-up (the common case: a
+/// lock held for less than a third of its lease costs the watchdog no work at all).
 const IDLE_TICK: Duration = Duration::from_secs(1);
 /// After this long with nothing to watch, the task ends; the next guard starts a new one.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
@@ -36,8 +40,10 @@ struct Shared {
 struct Inner {
     next_id: u64,
     entries: HashMap<u64, Entry>,
+    /// Each entry's next event (renewal due or safe-until), earliest first.
+    queue: BTreeSet<(Instant, u64)>,
     task: Option<JoinHandle<()>>,
-    /// When the running task will next look at the entries by itself.
+    /// When the running task will next look at the queue by itself.
     wake_at: Option<Instant>,
 }
 
@@ -48,11 +54,55 @@ struct Entry {
     /// `Some` for watchdog-managed leases: the TTL to renew with and when to renew next.
     renew: Option<(Duration, Instant)>,
     in_flight: bool,
+    /// The entry's key in `Inner::queue`, if queued.
+    queued: Option<Instant>,
+}
+
+impl Entry {
+    /// The next instant something must happen to this entry, if ever.
+    fn next_event(&self) -> Option<Instant> {
+        let renew = self.renew.filter(|_| !self.in_flight).map(|(_, at)| at);
+        match (self.state.safe_until(), renew) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Inner {
+    /// (Re)queues entry `id` at its next event; returns that instant.
+    fn schedule(&mut self, id: u64) -> Option<Instant> {
+        let entry = self.entries.get_mut(&id)?;
+        if let Some(old) = entry.queued.take() {
+            self.queue.remove(&(old, id));
+        }
+        let at = entry.next_event()?;
+        entry.queued = Some(at);
+        self.queue.insert((at, id));
+        Some(at)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let entry = self.entries.remove(&id)?;
+        if let Some(at) = entry.queued {
+            self.queue.remove(&(at, id));
+        }
+        Some(entry)
+    }
+
+    /// Whether an event at `at` comes before the task would look by itself.
+    fn sooner_than_planned(&self, at: Option<Instant>) -> bool {
+        match (at, self.wake_at) {
+            (Some(at), Some(wake)) => at < wake,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
 }
 
 fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
-    // A panic while holding this lock cannot leave `Inner` inconsistent (every update is one
-    // assignment), so a poisoned lock is still usable.
+    // Every update leaves `Inner` consistent before anything that could panic, so a poisoned
+    // lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -80,10 +130,6 @@ impl Watchdog {
         let id = inner.next_id;
         inner.next_id += 1;
         let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
-        let first_deadline = match (state.safe_until(), renew) {
-            (Some(until), Some((_, at))) => Some(until.min(at)),
-            (until, renew) => until.or(renew.map(|(_, at)| at)),
-        };
         inner.entries.insert(
             id,
             Entry {
@@ -92,8 +138,10 @@ impl Watchdog {
                 state,
                 renew,
                 in_flight: false,
+                queued: None,
             },
         );
+        let at = inner.schedule(id);
         let running = inner.task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
             inner.wake_at = None;
@@ -102,11 +150,7 @@ impl Watchdog {
                 .map(|h| h.spawn(run(self.shared.clone())));
             return id;
         }
-        let sooner = match (first_deadline, inner.wake_at) {
-            (Some(due), Some(wake)) => due < wake,
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
+        let sooner = inner.sooner_than_planned(at);
         drop(inner);
         if sooner {
             self.shared.wake.notify_one();
@@ -116,19 +160,22 @@ impl Watchdog {
 
     /// Stops looking after a guard (released or dropped).
     pub(crate) fn deregister(&self, id: u64) {
-        lock(&self.shared.inner).entries.remove(&id);
+        lock(&self.shared.inner).remove(id);
     }
 
     pub(crate) fn mark_lost(&self, which: impl Fn(&Grant) -> bool, reason: LostReason) {
         let mut inner = lock(&self.shared.inner);
-        inner.entries.retain(|_, e| {
-            if which(&e.grant) {
+        let ids: Vec<u64> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| which(&e.grant))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Some(e) = inner.remove(id) {
                 e.state.fire(reason.clone());
-                false
-            } else {
-                true
             }
-        });
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -161,26 +208,30 @@ async fn run(shared: Arc<Shared>) {
         let next = {
             let mut inner = lock(&shared.inner);
             let now = Instant::now();
-            let mut next: Option<Instant> = None;
-            inner.entries.retain(|&id, e| {
-                if e.state.is_fired() {
-                    return false;
+            while let Some(&(at, id)) = inner.queue.first() {
+                if at > now {
+                    break;
                 }
-                if let Some(until) = e.state.safe_until() {
-                    if until <= now {
-                        e.state.fire(LostReason::Expired);
-                        return false;
-                    }
-                    next = Some(next.map_or(until, |n| n.min(until)));
+                inner.queue.pop_first();
+                let Some(e) = inner.entries.get_mut(&id) else {
+                    continue;
+                };
+                e.queued = None;
+                if e.state.is_fired() {
+                    inner.remove(id);
+                    continue;
+                }
+                if e.state.safe_until().is_some_and(|until| until <= now) {
+                    e.state.fire(LostReason::Expired);
+                    inner.remove(id);
+                    continue;
                 }
                 if let Some((ttl, at)) = e.renew {
-                    if e.in_flight {
-                        return true;
-                    }
-                    if at <= now {
+                    if !e.in_flight && at <= now {
                         let Some(backend) = e.backend.upgrade() else {
                             e.state.fire(LostReason::ClientGone);
-                            return false;
+                            inner.remove(id);
+                            continue;
                         };
                         e.in_flight = true;
                         due.push(Due {
@@ -189,12 +240,12 @@ async fn run(shared: Arc<Shared>) {
                             grant: e.grant.clone(),
                             ttl,
                         });
-                    } else {
-                        next = Some(next.map_or(at, |n| n.min(at)));
                     }
                 }
-                true
-            });
+                // Not due after all (safe-until was extended) or now in flight: requeue at
+                // its next event.
+                inner.schedule(id);
+            }
             if inner.entries.is_empty() {
                 let since = *idle_since.get_or_insert(now);
                 if now.duration_since(since) >= IDLE_EXIT {
@@ -207,21 +258,17 @@ async fn run(shared: Arc<Shared>) {
             } else {
                 idle_since = None;
             }
-            let next = Some(next.map_or(now + IDLE_TICK, |n| n.min(now + IDLE_TICK)));
-            inner.wake_at = next;
+            let tick = now + IDLE_TICK;
+            let next = inner.queue.first().map_or(tick, |&(at, _)| at.min(tick));
+            inner.wake_at = Some(next);
             next
         };
         for d in due {
             tokio::spawn(renew_one(shared.clone(), d));
         }
-        match next {
-            Some(at) => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(at.into()) => {}
-                    _ = &mut notified => {}
-                }
-            }
-            None => notified.await,
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = &mut notified => {}
         }
     }
 }
@@ -232,7 +279,7 @@ async fn renew_one(shared: Arc<Shared>, d: Due) {
         let sent = Instant::now();
         d.backend.renew(&d.grant, d.ttl).await.map(|g| (sent, g))
     };
-    {
+    let sooner = {
         let mut inner = lock(&shared.inner);
         let Some(e) = inner.entries.get_mut(&d.id) else {
             return; // released while the renewal was in flight
@@ -245,7 +292,8 @@ async fn renew_one(shared: Arc<Shared>, d: Due) {
             }
             Err(err) if matches!(err.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
                 e.state.fire(LostReason::Taken(err.to_string()));
-                inner.entries.remove(&d.id);
+                inner.remove(d.id);
+                return;
             }
             Err(_) => {
                 // A failed round trip: try again soon; safe-until decides when to give up.
@@ -253,6 +301,10 @@ async fn renew_one(shared: Arc<Shared>, d: Due) {
                 e.renew = Some((d.ttl, Instant::now() + retry));
             }
         }
+        let at = inner.schedule(d.id);
+        inner.sooner_than_planned(at)
+    };
+    if sooner {
+        shared.wake.notify_one();
     }
-    shared.wake.notify_one();
 }
