@@ -293,6 +293,9 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
+        // lock calls must still let the runtime run its other tasks (the watchdog among them).
+        tokio::task::coop::consume_budget().await;
         Ok(self.store.lock().try_grant(req, Instant::now()))
     }
 
@@ -362,6 +365,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
+        tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
         if !s.holds(grant, now) {
@@ -393,6 +397,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
         s.dispatch(name, now);

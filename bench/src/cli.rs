@@ -1,0 +1,130 @@
+//! Command-line options, parsed by hand: four flags do not justify an argument-parser crate in
+//! the build of every test run.
+
+use std::path::PathBuf;
+
+use crate::targets::Kind;
+
+pub(crate) const USAGE: &str = "\
+usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
+
+  --quick        a few seconds per backend (what scripts/test runs); the full run takes
+                 at most ten minutes for every backend together
+  --out DIR      where report.md, report.html and results.json go (default bench/report)
+  --only NAMES   only these, comma-separated: memory, redis, redlock, mysql, mongo, zk, etcd,
+                 rslock (the peer crate; it runs with redis unless --only leaves both out)
+  -h, --help     this text
+
+Servers are read from DISTLOCK_REDIS_URL, DISTLOCK_REDLOCK_URLS, DISTLOCK_MYSQL_URL,
+DISTLOCK_MONGO_URL, DISTLOCK_ZK_URL and DISTLOCK_ETCD_URL (default: the loopback ports
+scripts/services uses).
+";
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Cli {
+    pub(crate) quick: bool,
+    pub(crate) out: PathBuf,
+    pub(crate) kinds: Vec<Kind>,
+    /// Whether to run the rslock peer.
+    pub(crate) peer: bool,
+    /// The arguments as given, for the report's header.
+    pub(crate) args: Vec<String>,
+}
+
+impl Cli {
+    /// `Ok(None)` when help was asked for.
+    pub(crate) fn parse(args: impl Iterator<Item = String>) -> Result<Option<Self>, String> {
+        let args: Vec<String> = args.collect();
+        let mut cli = Cli {
+            quick: false,
+            out: PathBuf::from("bench/report"),
+            kinds: Kind::ALL.to_vec(),
+            peer: true,
+            args: args.clone(),
+        };
+        let mut it = args.into_iter();
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (arg.clone(), None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| it.next())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--quick" => cli.quick = true,
+                "--out" => cli.out = PathBuf::from(value("--out")?),
+                "--only" => {
+                    let list = value("--only")?;
+                    cli.kinds.clear();
+                    cli.peer = false;
+                    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        if name == "rslock" {
+                            cli.peer = true;
+                        } else {
+                            let kind = Kind::from_id(name)
+                                .ok_or_else(|| format!("--only: unknown backend {name:?}"))?;
+                            if !cli.kinds.contains(&kind) {
+                                cli.kinds.push(kind);
+                            }
+                        }
+                    }
+                    // The peer is only meaningful next to distlock-redis.
+                    cli.peer |= cli.kinds.contains(&Kind::Redis);
+                    // Report order stays the canonical one whatever order was typed.
+                    cli.kinds.sort();
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(Some(cli))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<Cli>, String> {
+        Cli::parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn defaults_run_everything_into_bench_report() {
+        let cli = parse(&[]).unwrap().unwrap();
+        assert!(!cli.quick);
+        assert_eq!(cli.out, PathBuf::from("bench/report"));
+        assert_eq!(cli.kinds, Kind::ALL.to_vec());
+        assert!(cli.peer);
+    }
+
+    #[test]
+    fn only_selects_in_canonical_order_and_brings_the_peer_with_redis() {
+        let cli = parse(&["--quick", "--only", "etcd,memory,redis", "--out=x"])
+            .unwrap()
+            .unwrap();
+        assert!(cli.quick);
+        assert_eq!(cli.out, PathBuf::from("x"));
+        assert_eq!(cli.kinds, vec![Kind::Memory, Kind::Redis, Kind::Etcd]);
+        assert!(cli.peer);
+        let cli = parse(&["--only", "zk"]).unwrap().unwrap();
+        assert_eq!(cli.kinds, vec![Kind::Zk]);
+        assert!(!cli.peer);
+        let cli = parse(&["--only", "rslock"]).unwrap().unwrap();
+        assert!(cli.kinds.is_empty());
+        assert!(cli.peer);
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        assert!(parse(&["--only", "oracle"]).is_err());
+        assert!(parse(&["--out"]).is_err());
+        assert!(parse(&["--fast"]).is_err());
+        assert!(parse(&["--help"]).unwrap().is_none());
+    }
+}

@@ -1,0 +1,116 @@
+//! A backend wrapper that counts renew calls, so scenario 6 can report the watchdog's renewal
+//! traffic for any backend without hooks in the backends themselves.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use distlock_api::{
+    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
+    LockName, Result, SharedLock,
+};
+
+/// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
+/// the wrapper enrol with the inner client's one watchdog — which then renews through the
+/// wrapper, because a guard keeps the handle it was acquired with.
+pub(crate) struct Counting {
+    inner: SharedLock,
+    renewals: AtomicU64,
+    renew_errors: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Counting {
+    pub(crate) fn new(inner: SharedLock) -> Self {
+        Self {
+            inner,
+            renewals: AtomicU64::new(0),
+            renew_errors: AtomicU64::new(0),
+            first_error: Mutex::new(None),
+        }
+    }
+
+    /// Renew calls so far (successful or not).
+    pub(crate) fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::Relaxed)
+    }
+
+    /// The first failed renew call's error.
+    pub(crate) fn first_error(&self) -> Option<String> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Renew calls that failed.
+    pub(crate) fn renew_errors(&self) -> u64 {
+        self.renew_errors.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Counting {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn core(&self) -> &ClientCore {
+        self.inner.core()
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        self.inner.try_acquire(req).await
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        self.inner.acquire(req, wait).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.inner.release(grant).await
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        let result = self.inner.renew(grant, ttl).await;
+        if let Err(e) = &result {
+            self.renew_errors.fetch_add(1, Ordering::Relaxed);
+            self.first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }
+        result
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use distlock_api::{LockExt, LockOptions, MemoryLock};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_watchdog_renews_through_the_wrapper() {
+        let counting = Arc::new(Counting::new(Arc::new(MemoryLock::new())));
+        let ttl = Duration::from_millis(300);
+        let guard = counting
+            .try_lock_with("w", &LockOptions::new().watchdog_ttl(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        // Renewals come every TTL/3 = 100 ms; a generous window keeps this free of timing.
+        tokio::time::sleep(Duration::from_millis(650)).await;
+        assert!(counting.renewals() >= 2, "{} renewals", counting.renewals());
+        assert_eq!(counting.renew_errors(), 0);
+        assert!(!guard.is_lost());
+        assert!(guard.release().await.unwrap());
+    }
+}

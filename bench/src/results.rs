@@ -1,0 +1,267 @@
+//! What a run measured: the model `results.json` serializes and the report renders. Times are
+//! in microseconds unless a field's name says otherwise; field names are the JSON keys, kept
+//! stable so runs can be compared.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::Cli;
+use crate::machine::{self, Machine};
+use crate::plan::Plan;
+use crate::stats::Latency;
+use crate::targets::Kind;
+
+/// One run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Results {
+    pub(crate) meta: Meta,
+    pub(crate) backends: Vec<BackendResult>,
+    pub(crate) peers: Vec<PeerResult>,
+}
+
+/// Where and how the run happened.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    /// The command as typed (`scripts/bench` passes itself in `DISTLOCK_BENCH_COMMAND`).
+    pub(crate) command: String,
+    /// The benchmark binary's own arguments.
+    pub(crate) args: Vec<String>,
+    /// Start of the run, UTC, RFC 3339.
+    pub(crate) date_utc: String,
+    /// `quick` or `full`.
+    pub(crate) mode: String,
+    /// `release` or `debug`: debug numbers are only good for checking the report generator.
+    pub(crate) profile: String,
+    pub(crate) machine: Machine,
+    /// Wall time of the whole run, seconds.
+    pub(crate) duration_s: f64,
+    pub(crate) version: String,
+}
+
+impl Meta {
+    pub(crate) fn collect(cli: &Cli, plan: &Plan) -> Self {
+        let quoted: Vec<String> = cli.args.iter().map(|a| shell_quote(a)).collect();
+        let direct = format!("distlock-bench {}", quoted.join(" "));
+        let command = std::env::var("DISTLOCK_BENCH_COMMAND")
+            .ok()
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or_else(|| direct.trim_end().to_string());
+        Meta {
+            command,
+            args: cli.args.clone(),
+            date_utc: machine::now_utc(),
+            mode: if plan.quick { "quick" } else { "full" }.into(),
+            profile: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+            .into(),
+            machine: Machine::collect(),
+            duration_s: 0.0,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    pub(crate) fn finish(mut self, took: Duration) -> Self {
+        self.duration_s = took.as_secs_f64();
+        self
+    }
+}
+
+fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// Everything measured for one backend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BackendResult {
+    /// `memory`, `redis`, ... (the `--only` names).
+    pub(crate) id: String,
+    pub(crate) label: String,
+    pub(crate) status: Status,
+    /// `notify` or `poll`: how a waiter learns of a release.
+    pub(crate) blocking: Option<String>,
+    pub(crate) uncontended: Option<Uncontended>,
+    pub(crate) independent: Vec<IndependentLevel>,
+    pub(crate) hot: Vec<HotLevel>,
+    pub(crate) wake: Option<Wake>,
+    pub(crate) many: Option<ManyHeld>,
+    /// Scenarios that failed, with their error; the others still ran.
+    pub(crate) errors: Vec<ScenarioError>,
+    /// Wall time spent on this backend, seconds.
+    pub(crate) took_s: f64,
+}
+
+impl BackendResult {
+    pub(crate) fn new(kind: Kind) -> Self {
+        Self {
+            id: kind.id().into(),
+            label: kind.label().into(),
+            status: Status::NotRun,
+            blocking: None,
+            uncontended: None,
+            independent: Vec::new(),
+            hot: Vec::new(),
+            wake: None,
+            many: None,
+            errors: Vec::new(),
+            took_s: 0.0,
+        }
+    }
+
+    pub(crate) fn available(&self) -> bool {
+        matches!(self.status, Status::Available { .. })
+    }
+}
+
+/// Whether the backend's server answered.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum Status {
+    NotRun,
+    Available {
+        /// The version the server reported.
+        server: String,
+        url: String,
+    },
+    Unavailable {
+        error: String,
+        how_to_start: String,
+    },
+}
+
+/// A scenario that could not finish.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ScenarioError {
+    pub(crate) scenario: String,
+    pub(crate) error: String,
+}
+
+/// Scenarios 1 and 2: one client acquiring and releasing one name, next to the raw driver doing
+/// the server operations such a cycle needs at the least, measured in alternating slices.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Uncontended {
+    /// `lock(name, wait)` + `release()`: what an application calls.
+    pub(crate) cycle: Latency,
+    pub(crate) cycles_per_sec: f64,
+    /// `try_lock(name)` + `release()`: the same without the waiting machinery.
+    pub(crate) try_cycle: Latency,
+    pub(crate) try_cycles_per_sec: f64,
+    /// `try_acquire` + `release` on the backend itself: no guard, no watchdog.
+    pub(crate) primitive_cycle: Latency,
+    pub(crate) primitive_per_sec: f64,
+    /// The raw-driver floor.
+    pub(crate) floor: Latency,
+    pub(crate) floor_per_sec: f64,
+    /// What the floor sends, in words.
+    pub(crate) floor_ops: String,
+    /// Round trips of one floor cycle.
+    pub(crate) floor_round_trips: u32,
+    /// Median cycle ÷ median floor: the library's overhead as a factor.
+    pub(crate) ratio_p50: f64,
+    /// Median cycle − median floor, µs: the overhead as time.
+    pub(crate) overhead_p50_us: f64,
+}
+
+impl Uncontended {
+    /// The floor's median time per round trip, µs: the yardstick for "a few round trips".
+    pub(crate) fn round_trip_us(&self) -> f64 {
+        self.floor.p50_us / f64::from(self.floor_round_trips.max(1))
+    }
+}
+
+/// Scenario 3 at one level of concurrency.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct IndependentLevel {
+    pub(crate) clients: usize,
+    pub(crate) cycles: u64,
+    pub(crate) cycles_per_sec: f64,
+    pub(crate) latency: Latency,
+}
+
+/// Scenario 4 at one level of contention.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct HotLevel {
+    pub(crate) clients: usize,
+    pub(crate) grants: u64,
+    pub(crate) grants_per_sec: f64,
+    /// From the holder calling release to the next holder's acquire returning.
+    pub(crate) handoff: Latency,
+    /// From calling acquire to holding the lock.
+    pub(crate) wait: Latency,
+    pub(crate) longest_wait_ms: f64,
+    /// Jain's index over per-client grants (1 = perfectly even).
+    pub(crate) jain: f64,
+    pub(crate) grants_min: u64,
+    pub(crate) grants_max: u64,
+    /// Times a client found the lock already held by another benchmark client when it was
+    /// granted: must be 0.
+    pub(crate) exclusion_violations: u64,
+}
+
+/// Scenario 5.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Wake {
+    /// From the holder calling release to the waiter's acquire returning.
+    pub(crate) latency: Latency,
+    /// Median wake-up ÷ the floor's time per round trip.
+    pub(crate) round_trips_p50: Option<f64>,
+}
+
+/// Scenario 6.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ManyHeld {
+    /// Locks asked for.
+    pub(crate) locks_requested: usize,
+    /// Locks held during the measurement (fewer if acquiring ran out of its time budget).
+    pub(crate) locks: usize,
+    pub(crate) ttl_ms: u64,
+    /// The lease the server granted (session-bound backends grant their session's).
+    pub(crate) granted_ttl_ms: u64,
+    /// Time to acquire them all (32 at a time).
+    pub(crate) acquire_s: f64,
+    /// Time to release them all (32 at a time).
+    pub(crate) release_s: f64,
+    pub(crate) rss_before_bytes: u64,
+    pub(crate) rss_holding_bytes: u64,
+    /// (holding − before) ÷ locks.
+    pub(crate) bytes_per_lock: f64,
+    /// Renew calls the watchdog made per second, measured.
+    pub(crate) renewals_per_sec: f64,
+    /// How often each lock was renewed, on average, seconds.
+    pub(crate) interval_s: f64,
+    /// locks ÷ (granted TTL / 3): what the watchdog aims for with a fixed lease (session-bound
+    /// backends answer a renewal with what is left of their lease, so theirs varies).
+    pub(crate) expected_per_sec: f64,
+    pub(crate) renew_errors: u64,
+    /// The first failed renewal's error, if any.
+    pub(crate) first_renew_error: Option<String>,
+    /// Guards that reported lost during the hold: must be 0.
+    pub(crate) lost: usize,
+}
+
+/// Scenario 7: another crate on the same server, measured in alternating slices with ours.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PeerResult {
+    /// e.g. `rslock 0.10 (1 instance)`.
+    pub(crate) peer: String,
+    /// The distlock backend it is compared with (`redis`, `redlock`).
+    pub(crate) against: String,
+    pub(crate) peer_cycle: Option<Latency>,
+    pub(crate) peer_per_sec: f64,
+    pub(crate) distlock_cycle: Option<Latency>,
+    pub(crate) distlock_per_sec: f64,
+    /// What each side sends per cycle.
+    pub(crate) note: String,
+    pub(crate) error: Option<String>,
+}

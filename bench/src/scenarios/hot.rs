@@ -1,0 +1,125 @@
+//! Scenario 4: N clients contending for one name, each releasing as soon as it holds it. The
+//! critical section is empty on purpose: what is left is the cost of handing the lock over.
+//!
+//! Hand-off latency runs from the holder *calling* release to the next holder's acquire
+//! returning — the time the lock protects nothing — whoever that next holder is (the releaser
+//! itself, on a backend that lets it barge back in, which the fairness index then shows).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use distlock_api::{LockExt, LockOptions};
+use futures::future::try_join_all;
+use tokio::sync::Barrier;
+
+use super::{lock_cycle, unique_name, ACQUIRE_WAIT};
+use crate::plan::Plan;
+use crate::results::HotLevel;
+use crate::stats::{jain, per_sec, Recorder};
+use crate::targets::Target;
+use crate::Res;
+
+/// What the contending clients share.
+struct Shared {
+    name: String,
+    opts: LockOptions,
+    stop: AtomicBool,
+    start: Barrier,
+    /// When the last holder called release; taken by the next holder.
+    released_at: Mutex<Option<Instant>>,
+    handoff: Mutex<Recorder>,
+    /// How many benchmark clients believe they hold the lock: more than one is a violation.
+    holders: AtomicUsize,
+    violations: AtomicUsize,
+}
+
+struct ClientStats {
+    grants: u64,
+    waits: Recorder,
+}
+
+pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res<HotLevel> {
+    let locks = try_join_all((0..clients).map(|_| target.client())).await?;
+    let name = unique_name("hot");
+    // Steady state, as in every other scenario: the name's server-side state (a counter
+    // document, a container node) exists before the contenders arrive.
+    if let Some(first) = locks.first() {
+        lock_cycle(first, &name, &LockOptions::new().wait(ACQUIRE_WAIT)).await?;
+    }
+    let shared = Arc::new(Shared {
+        name,
+        opts: LockOptions::new().wait(ACQUIRE_WAIT),
+        stop: AtomicBool::new(false),
+        start: Barrier::new(clients + 1),
+        released_at: Mutex::new(None),
+        handoff: Mutex::new(Recorder::new()),
+        holders: AtomicUsize::new(0),
+        violations: AtomicUsize::new(0),
+    });
+    let tasks: Vec<_> = locks
+        .into_iter()
+        .map(|lock| {
+            let s = shared.clone();
+            tokio::spawn(async move {
+                s.start.wait().await;
+                let mut stats = ClientStats {
+                    grants: 0,
+                    waits: Recorder::new(),
+                };
+                while !s.stop.load(Ordering::Relaxed) {
+                    let asked = Instant::now();
+                    let guard = lock.lock_with(&s.name, &s.opts).await?;
+                    let granted = Instant::now();
+                    if s.holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                        s.violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    stats.waits.record(granted - asked);
+                    stats.grants += 1;
+                    let released = lock_ok(&s.released_at).take();
+                    if let Some(released) = released {
+                        lock_ok(&s.handoff).record(granted - released);
+                    }
+                    s.holders.fetch_sub(1, Ordering::SeqCst);
+                    *lock_ok(&s.released_at) = Some(Instant::now());
+                    guard.release().await?;
+                    // See independent.rs: in-memory futures never yield by themselves.
+                    tokio::task::coop::consume_budget().await;
+                }
+                Res::Ok(stats)
+            })
+        })
+        .collect();
+    shared.start.wait().await;
+    let began = Instant::now();
+    tokio::time::sleep(plan.hot_for).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut waits = Recorder::new();
+    let mut grants = Vec::with_capacity(clients);
+    for task in tasks {
+        let stats = task.await??;
+        waits.merge(&stats.waits);
+        grants.push(stats.grants);
+    }
+    let elapsed = began.elapsed();
+    let total: u64 = grants.iter().sum();
+    let handoff = lock_ok(&shared.handoff).summary();
+    let wait = waits.summary();
+    Ok(HotLevel {
+        clients,
+        grants: total,
+        grants_per_sec: per_sec(total, elapsed),
+        handoff,
+        wait,
+        longest_wait_ms: wait.max_us / 1000.0,
+        jain: jain(&grants),
+        grants_min: grants.iter().copied().min().unwrap_or(0),
+        grants_max: grants.iter().copied().max().unwrap_or(0),
+        exclusion_violations: shared.violations.load(Ordering::SeqCst) as u64,
+    })
+}
+
+/// These mutexes guard plain values updated in one step; a poisoned one is still consistent.
+fn lock_ok<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

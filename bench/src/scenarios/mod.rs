@@ -1,0 +1,132 @@
+//! The scenarios, one module each, run in order against one backend. A scenario that fails or
+//! overruns its bound records its error in the result and the next one still runs: a report
+//! with one hole is more useful than none.
+
+mod hot;
+mod independent;
+mod many;
+mod uncontended;
+mod wake;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use distlock_api::{Blocking, LockExt, LockOptions, SharedLock};
+
+use crate::plan::Plan;
+use crate::progress::Progress;
+use crate::results::{BackendResult, ScenarioError};
+use crate::targets::Target;
+use crate::Res;
+
+pub(crate) use uncontended::{measure_cycles, Cycle, Measured};
+
+/// How long acquires in the scenarios may wait: far beyond any hand-off, so a timeout means a
+/// stuck backend, not a slow one.
+pub(crate) const ACQUIRE_WAIT: Duration = Duration::from_secs(30);
+
+/// The most one scenario may take before it is abandoned and reported as failed.
+fn bound(plan: &Plan) -> Duration {
+    if plan.quick {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(180)
+    }
+}
+
+/// Runs scenarios 1–6 on `target`, filling `result`.
+pub(crate) async fn run_all(
+    target: &dyn Target,
+    plan: &Plan,
+    progress: &Progress,
+    result: &mut BackendResult,
+) {
+    let id = target.kind().id();
+    let limit = bound(plan);
+
+    progress.stage(id, "uncontended cycle and floor");
+    match bounded(limit, uncontended::run(target, plan)).await {
+        Ok((u, blocking)) => {
+            result.uncontended = Some(u);
+            result.blocking = Some(
+                match blocking {
+                    Blocking::Notify => "notify",
+                    Blocking::Poll => "poll",
+                }
+                .into(),
+            );
+        }
+        Err(e) => fail(result, "uncontended", e),
+    }
+    progress.step();
+
+    for &clients in plan.independent {
+        progress.stage(id, &format!("independent locks, {clients} clients"));
+        match bounded(limit, independent::run(target, plan, clients)).await {
+            Ok(level) => result.independent.push(level),
+            Err(e) => fail(result, &format!("independent/{clients}"), e),
+        }
+        progress.step();
+    }
+
+    for &clients in plan.hot {
+        progress.stage(id, &format!("one hot lock, {clients} clients"));
+        match bounded(limit, hot::run(target, plan, clients)).await {
+            Ok(level) => result.hot.push(level),
+            Err(e) => fail(result, &format!("hot/{clients}"), e),
+        }
+        progress.step();
+    }
+
+    progress.stage(id, "wake-up");
+    let round_trip = result.uncontended.as_ref().map(|u| u.round_trip_us());
+    match bounded(limit, wake::run(target, plan, round_trip)).await {
+        Ok(w) => result.wake = Some(w),
+        Err(e) => fail(result, "wake", e),
+    }
+    progress.step();
+
+    progress.stage(id, &format!("{} held locks", plan.many_locks));
+    match bounded(limit, many::run(target, plan)).await {
+        Ok(m) => result.many = Some(m),
+        Err(e) => fail(result, "many", e),
+    }
+    progress.step();
+}
+
+fn fail(result: &mut BackendResult, scenario: &str, error: crate::BoxError) {
+    result.errors.push(ScenarioError {
+        scenario: scenario.into(),
+        error: error.to_string(),
+    });
+}
+
+async fn bounded<T>(limit: Duration, fut: impl Future<Output = Res<T>>) -> Res<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| format!("did not finish within {limit:?}"))?
+}
+
+/// A lock name no earlier run or other scenario uses, so leftovers of a crashed run (or of a
+/// concurrent test) never make a scenario contended by accident.
+pub(crate) fn unique_name(scenario: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("distlock-bench/{}/{scenario}/{n}", run_id())
+}
+
+/// This run's id: the process id and a random number, in hex.
+pub(crate) fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)))
+}
+
+/// One application-level cycle: wait for the lock (it is free), then release it.
+pub(crate) async fn lock_cycle(lock: &SharedLock, name: &str, opts: &LockOptions) -> Res<()> {
+    let guard = lock.lock_with(name, opts).await?;
+    if !guard.release().await? {
+        return Err(format!("{name}: release found the lock no longer held").into());
+    }
+    Ok(())
+}

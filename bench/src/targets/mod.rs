@@ -1,0 +1,192 @@
+//! The backends under test. Each module connects one backend through its crate's public API
+//! (the cycle side) and opens a raw driver connection of the same kind that sends the server
+//! operations one cycle needs at the least (the floor side), and asks the server its version.
+
+mod etcd;
+mod memory;
+mod mongo;
+mod mysql;
+mod redis;
+mod zk;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::SharedLock;
+use serde::{Deserialize, Serialize};
+
+use crate::Res;
+
+pub(crate) use self::redis::redlock_urls;
+
+/// The longest a backend may take to connect before the report calls it unavailable. Backends
+/// bound their own connects too; this is the bench's guard against one that does not.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+
+/// The backends, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) enum Kind {
+    Memory,
+    Redis,
+    Redlock,
+    Mysql,
+    Mongo,
+    Zk,
+    Etcd,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 7] = [
+        Kind::Memory,
+        Kind::Redis,
+        Kind::Redlock,
+        Kind::Mysql,
+        Kind::Mongo,
+        Kind::Zk,
+        Kind::Etcd,
+    ];
+
+    /// The `--only` name, also the JSON id.
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Kind::Memory => "memory",
+            Kind::Redis => "redis",
+            Kind::Redlock => "redlock",
+            Kind::Mysql => "mysql",
+            Kind::Mongo => "mongo",
+            Kind::Zk => "zk",
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    pub(crate) fn from_id(id: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.id() == id)
+    }
+
+    /// The name the report prints.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Memory => "in-memory",
+            Kind::Redis => "Redis",
+            Kind::Redlock => "RedLock (3 Redis)",
+            Kind::Mysql => "MySQL/MariaDB",
+            Kind::Mongo => "MongoDB",
+            Kind::Zk => "ZooKeeper",
+            Kind::Etcd => "etcd",
+        }
+    }
+
+    /// The environment variable with the server's URL, and its default.
+    pub(crate) fn url_var(self) -> Option<(&'static str, &'static str)> {
+        Some(match self {
+            Kind::Memory => return None,
+            Kind::Redis => ("DISTLOCK_REDIS_URL", "redis://127.0.0.1:6379"),
+            Kind::Redlock => (
+                "DISTLOCK_REDLOCK_URLS",
+                "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382",
+            ),
+            Kind::Mysql => (
+                "DISTLOCK_MYSQL_URL",
+                "mysql://distlock:distlock@127.0.0.1:3306/distlock",
+            ),
+            Kind::Mongo => ("DISTLOCK_MONGO_URL", "mongodb://127.0.0.1:27017"),
+            Kind::Zk => ("DISTLOCK_ZK_URL", "zk://127.0.0.1:2181"),
+            Kind::Etcd => ("DISTLOCK_ETCD_URL", "etcd://127.0.0.1:2379"),
+        })
+    }
+
+    /// The server URL this run uses ("in-process" for memory).
+    pub(crate) fn url(self) -> String {
+        match self.url_var() {
+            Some((var, default)) => std::env::var(var)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| default.to_string()),
+            None => "in-process".into(),
+        }
+    }
+
+    /// What the report tells a reader whose server did not answer.
+    pub(crate) fn how_to_start(self) -> String {
+        let service = match self {
+            Kind::Memory => return "nothing to start: the backend is in-process".into(),
+            Kind::Redis | Kind::Redlock => "redis",
+            Kind::Mysql => "mariadb",
+            Kind::Mongo => "mongo",
+            Kind::Zk => "zookeeper",
+            Kind::Etcd => "etcd",
+        };
+        let var = self.url_var().map_or("", |(v, _)| v);
+        format!(
+            "start it with `scripts/services up {service}` (or `docker compose up -d {service}`), \
+             or point {var} at a running server"
+        )
+    }
+}
+
+/// What one floor cycle sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FloorOps {
+    /// In words, for the report.
+    pub(crate) what: &'static str,
+    /// How many round trips.
+    pub(crate) round_trips: u32,
+}
+
+/// The raw server operations one lock cycle needs at the least, over a raw driver connection
+/// of the same kind the backend uses.
+#[async_trait]
+pub(crate) trait Floor: Send {
+    /// Acquire and release `name` with raw operations, checking that each did what a lock
+    /// needs (so a floor that silently does nothing cannot look fast).
+    async fn cycle(&mut self, name: &str) -> Res<()>;
+}
+
+/// One backend, connected.
+#[async_trait]
+pub(crate) trait Target: Send + Sync {
+    fn kind(&self) -> Kind;
+
+    fn url(&self) -> String {
+        self.kind().url()
+    }
+
+    /// The version the server reports about itself.
+    async fn server_version(&self) -> Res<String>;
+
+    /// A fresh client handle, with its own connections or session, as a separate process
+    /// would have.
+    async fn client(&self) -> Res<SharedLock>;
+
+    /// A raw driver connection running the floor.
+    async fn floor(&self) -> Res<Box<dyn Floor>>;
+
+    fn floor_ops(&self) -> FloorOps;
+
+    /// Removes what the run left on the server beyond what releasing does, where that state
+    /// would skew later runs.
+    async fn cleanup(&self) -> Res<()> {
+        Ok(())
+    }
+}
+
+/// Connects to `kind`'s server; an error means "unavailable" and says why.
+pub(crate) async fn open(kind: Kind) -> Res<Box<dyn Target>> {
+    let url = kind.url();
+    let opened = tokio::time::timeout(CONNECT_BOUND, async {
+        Ok::<Box<dyn Target>, crate::BoxError>(match kind {
+            Kind::Memory => Box::new(memory::MemoryTarget::new()),
+            Kind::Redis => Box::new(redis::RedisTarget::open(&url).await?),
+            Kind::Redlock => Box::new(redis::RedlockTarget::open(&url).await?),
+            Kind::Mysql => Box::new(mysql::MysqlTarget::open(&url).await?),
+            Kind::Mongo => Box::new(mongo::MongoTarget::open(&url).await?),
+            Kind::Zk => Box::new(zk::ZkTarget::open(&url).await?),
+            Kind::Etcd => Box::new(etcd::EtcdTarget::open(&url).await?),
+        })
+    })
+    .await;
+    match opened {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer from {url} within {CONNECT_BOUND:?}").into()),
+    }
+}
