@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use common::private::PrivateRedis;
 use distlock_redis::redis::AsyncCommands;
 use distlock_redis::{
-    ErrorKind, LockExt, LockName, LockOptions, RedLock, RedLockConfig, RedisConfig, RedisLock,
+    DistributedLock, ErrorKind, LockExt, LockName, LockOptions, RedLock, RedLockConfig,
+    RedisConfig, RedisLock,
 };
 
 fn skipped() -> bool {
@@ -215,4 +216,55 @@ async fn rediss_to_a_plain_server_is_an_error_not_a_panic() {
         "{e}"
     );
     assert!(started.elapsed() < Duration::from_secs(6));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_makes_the_holder_report_lost_before_its_lease_ends_on_the_server() {
+    if skipped() {
+        return;
+    }
+    let server = PrivateRedis::start(20638);
+    let ttl = Duration::from_millis(1500);
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .response_timeout(Duration::from_millis(200));
+    let holder = Arc::new(RedisLock::connect(config.clone()).await.unwrap());
+    let name = "paused-server";
+    let guard = holder
+        .try_lock_with(name, &LockOptions::new().watchdog_ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    // Let a renewal or two succeed first: the watchdog works while the server answers.
+    tokio::time::sleep(ttl).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+
+    server.signal("STOP");
+    let paused = Instant::now();
+    let lost = tokio::time::timeout(ttl * 3, guard.lost()).await;
+    let noticed = paused.elapsed();
+    server.signal("CONT");
+    let reason = lost.expect("a holder whose server froze never reported the lock lost");
+    // Renewals time out, so only safe-until can end the claim: at most one lease after the
+    // last successful renewal, which was at most a third of a lease before the pause.
+    assert!(
+        noticed <= ttl + ttl / 3 + Duration::from_millis(300),
+        "noticed after {noticed:?}"
+    );
+    assert!(guard.is_lost(), "{reason:?}");
+
+    // The server's own lease ends no earlier than the guard's safe-until: until then nobody
+    // else can have it, after it the next client takes it and the old guard releases nothing.
+    let other = Arc::new(RedisLock::connect(config).await.unwrap());
+    let next = eventually(|| other.lock(name, Duration::from_secs(5))).await;
+    assert!(next.token() > guard.token());
+    assert!(
+        !guard.release().await.unwrap(),
+        "a lost guard's release reported held"
+    );
+    assert_eq!(
+        other.holder(name).await.unwrap().map(|i| i.owner).as_ref(),
+        Some(other.core().owner())
+    );
+    assert!(next.release().await.unwrap());
 }

@@ -73,6 +73,19 @@ impl PrivateRedis {
     }
 
     /// Kills the server (its memory, and so every lock and counter, is gone).
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server process: a paused server accepts
+    /// connections at the kernel level but answers nothing, like a GC pause or a hung host.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
