@@ -16,7 +16,6 @@ use mongodb::options::{
     SelectionCriteria, WriteConcern,
 };
 use mongodb::{Client, Collection};
-use tokio::sync::oneshot;
 
 use crate::commands::{self, COUNT, OWNER, REMAINING_MS, TOKEN};
 use crate::config::{driver_message, MongoConfig};
@@ -189,29 +188,21 @@ impl MongoLock {
     /// at any await point cannot leave a grant without a guard: if nobody is listening when
     /// the answer comes back, the task gives the grant back itself.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let (tx, rx) = oneshot::channel();
         let job = AcquireJob {
             locks: self.locks.clone(),
             req: req.clone(),
             timeout: self.operation_timeout,
         };
-        tokio::spawn(async move {
-            let outcome = job.run().await;
-            if let Err(Ok(Attempt::Granted(grant))) = tx.send(outcome) {
-                // The caller went away (its acquire was cancelled) while the grant was in
-                // flight: give it back, or it would block others until its lease ran out.
-                let _ = release_grant(&job.locks, job.timeout, &grant).await;
+        let (locks, timeout) = (self.locks.clone(), self.operation_timeout);
+        wait::detached(async move { job.run().await }, move |grant| {
+            let locks = locks.clone();
+            async move {
+                // Nobody holds a guard for this grant: give it back rather than let it block
+                // others until its lease runs out.
+                let _ = release_grant(&locks, timeout, &grant).await;
             }
-        });
-        // The task's operations are each bounded by the operation timeout, so it answers; the
-        // channel only closes without an answer if the runtime drops the task (shutdown).
-        rx.await.unwrap_or_else(|_| {
-            Err(
-                Error::new(ErrorKind::Unavailable, "the acquire request was abandoned")
-                    .with_backend(BACKEND)
-                    .with_lock(&req.name),
-            )
         })
+        .await
     }
 }
 

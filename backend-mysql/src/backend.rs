@@ -15,7 +15,6 @@ use sqlx::mysql::{
     MySqlQueryResult,
 };
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
@@ -187,29 +186,15 @@ impl MysqlLock {
     /// never cuts a transaction short and never loses a grant: if the caller is gone when the
     /// attempt grants, the grant is released at once.
     async fn attempt_detached(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let (tx, rx) = oneshot::channel::<Result<Attempt>>();
-        let inner = self.inner.clone();
-        let name = req.name.clone();
+        let (inner, giver) = (self.inner.clone(), self.inner.clone());
         let req = req.clone();
-        tokio::spawn(async move {
-            let result = inner.attempt(&req).await;
-            if let Err(Ok(Attempt::Granted(orphan))) = tx.send(result) {
-                // The caller dropped its future before the attempt finished.
+        wait::detached(async move { inner.attempt(&req).await }, move |orphan| {
+            let inner = giver.clone();
+            async move {
                 let _ = inner.release(&orphan).await;
             }
-        });
-        let mut pending = PendingAttempt {
-            rx,
-            inner: self.inner.clone(),
-        };
-        (&mut pending.rx).await.unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Backend,
-                "the acquire attempt's task ended without an answer (runtime shutting down?)",
-            )
-            .with_backend(BACKEND)
-            .with_lock(name))
         })
+        .await
     }
 }
 
@@ -229,31 +214,6 @@ impl std::fmt::Debug for MysqlLock {
             .field("owner", self.core.owner())
             .field("sweeper", &self.sweeper.is_some())
             .finish()
-    }
-}
-
-/// The receiving end of a detached attempt. If the caller's future is dropped after the
-/// attempt sent a grant but before the caller took it, the grant would be dropped with the
-/// channel: this gives it back instead.
-struct PendingAttempt {
-    rx: oneshot::Receiver<Result<Attempt>>,
-    inner: Arc<Inner>,
-}
-
-impl Drop for PendingAttempt {
-    fn drop(&mut self) {
-        // After `close`, the attempt's `send` fails (and it releases the grant itself) or has
-        // already succeeded (and the grant is here): exactly one side releases it.
-        self.rx.close();
-        if let Ok(Ok(Attempt::Granted(orphan))) = self.rx.try_recv() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let inner = self.inner.clone();
-                handle.spawn(async move {
-                    let _ = inner.release(&orphan).await;
-                });
-            }
-            // Without a runtime the lease runs out by itself.
-        }
     }
 }
 

@@ -11,9 +11,9 @@ use distlock_api::{
 };
 
 use crate::config::RedisConfig;
-use crate::detach::detached;
 use crate::pubsub::{Hub, HubConfig};
 use crate::server::{Acquired, Server};
+use distlock_api::wait::detached;
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities {

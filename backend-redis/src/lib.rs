@@ -4,7 +4,6 @@
 
 mod backend;
 mod config;
-mod detach;
 mod keys;
 mod pubsub;
 mod redlock;

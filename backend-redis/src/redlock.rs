@@ -29,8 +29,8 @@ use distlock_api::{
 use futures::future::join_all;
 
 use crate::config::RedLockConfig;
-use crate::detach::detached;
 use crate::server::{Acquired, Holder, Server};
+use distlock_api::wait::detached;
 
 /// What [`RedLock`] promises.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {

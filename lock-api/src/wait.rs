@@ -3,7 +3,12 @@
 //! [`ErrorKind::Timeout`]) and are cancellation-safe wherever the attempt is.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::Grant;
@@ -111,6 +116,66 @@ pub fn timeout(waited: Duration) -> Error {
         ErrorKind::Timeout,
         format!("not acquired within the wait bound of {waited:?}"),
     )
+}
+
+/// Runs one acquire attempt as a task of its own, so that dropping the caller's future at any
+/// point never loses a grant: once a request is sent the server may grant the lock even if the
+/// caller is gone, and a grant nobody receives is handed to `undo` (which releases it). If the
+/// outcome arrived but the caller was dropped before reading it, the caller's drop guard hands
+/// it to `undo` instead; exactly one side does. Outside a Tokio runtime the attempt runs inline.
+pub async fn detached<A, U, UF>(attempt: A, undo: U) -> Result<Attempt>
+where
+    A: Future<Output = Result<Attempt>> + Send + 'static,
+    U: Fn(Grant) -> UF + Send + Sync + 'static,
+    UF: Future<Output = ()> + Send + 'static,
+{
+    let Ok(handle) = Handle::try_current() else {
+        // Outside Tokio nothing can run in the background; the driver needs Tokio anyway.
+        return attempt.await;
+    };
+    let undo: Undo = Arc::new(move |g| Box::pin(undo(g)));
+    let (tx, rx) = oneshot::channel();
+    let task_undo = undo.clone();
+    handle.spawn(async move {
+        if let Err(Ok(Attempt::Granted(grant))) = tx.send(attempt.await) {
+            task_undo(grant).await;
+        }
+    });
+    let mut pending = Pending {
+        rx,
+        undo: Some(undo),
+        handle,
+    };
+    let outcome = (&mut pending.rx).await;
+    pending.undo = None;
+    outcome.unwrap_or_else(|_| {
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the acquire task ended without an answer (the runtime is shutting down)",
+        ))
+    })
+}
+
+type Undo = Arc<dyn Fn(Grant) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+struct Pending {
+    rx: oneshot::Receiver<Result<Attempt>>,
+    undo: Option<Undo>,
+    handle: Handle,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(undo) = self.undo.take() else {
+            return;
+        };
+        // Closing first makes the hand-over atomic: after it, either the outcome is already
+        // here (and undone below) or the task's send fails (and the task undoes it).
+        self.rx.close();
+        if let Ok(Ok(Attempt::Granted(grant))) = self.rx.try_recv() {
+            self.handle.spawn(undo(grant));
+        }
+    }
 }
 
 #[cfg(test)]
