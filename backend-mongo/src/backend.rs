@@ -480,10 +480,7 @@ impl DistributedLock for MongoLock {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(match self.attempt(req).await? {
-            Attempt::Granted(grant) => Some(grant),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self.attempt(req).await?.into_grant())
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

@@ -22,19 +22,11 @@ fn url() -> String {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{:08x}-", std::process::id(), fastrand_u32())
-}
-
-fn fastrand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.finish() as u32
+    format!(
+        "{prefix}-{}-{:08x}-",
+        std::process::id(),
+        distlock_conformance::unique_suffix()
+    )
 }
 
 async fn client(url: &str, owner: &str) -> Arc<MongoLock> {
@@ -239,7 +231,7 @@ impl PrivateServer {
 
     fn start(exe: PathBuf) -> Self {
         let port = (0..50)
-            .map(|_| 20000 + (fastrand_u32() % 1000) as u16)
+            .map(|_| 20000 + (distlock_conformance::unique_suffix() % 1000) as u16)
             .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
             .expect("a free port in 20000-20999");
         let dir = std::env::temp_dir().join(format!(

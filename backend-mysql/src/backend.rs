@@ -228,10 +228,7 @@ impl DistributedLock for MysqlLock {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(match self.attempt_detached(req).await? {
-            Attempt::Granted(grant) => Some(grant),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self.attempt_detached(req).await?.into_grant())
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

@@ -363,10 +363,7 @@ impl DistributedLock for RedLock {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(match self.attempt(req).await? {
-            Attempt::Granted(g) => Some(g),
-            Attempt::Held { .. } => None,
-        })
+        Ok(self.attempt(req).await?.into_grant())
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

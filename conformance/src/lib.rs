@@ -18,4 +18,4 @@ mod harness;
 mod runner;
 
 pub use harness::Harness;
-pub use runner::{run, skipped_by_env, Case, CaseFuture, Ctx, CASE_TIMEOUT};
+pub use runner::{run, skipped_by_env, unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};

@@ -175,7 +175,7 @@ fn run_case(h: Arc<dyn Harness>, case: &'static Case) -> Result<(), Failed> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot build a Tokio runtime: {e}"))?;
-    let prefix = format!("dlc-{}-{:08x}-", short(case.name), fastrand_u32());
+    let prefix = format!("dlc-{}-{:08x}-", short(case.name), unique_suffix());
     let ctx = Ctx {
         harness: h.clone(),
         prefix: prefix.clone(),
@@ -212,7 +212,9 @@ fn short(name: &str) -> String {
     name.split('_').filter_map(|w| w.chars().next()).collect()
 }
 
-fn fastrand_u32() -> u32 {
+/// A random 32-bit value for names unique to one run (no RNG dependency: a fresh `RandomState`
+/// is randomly keyed per process and mixed with the clock).
+pub fn unique_suffix() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

@@ -26,6 +26,16 @@ pub enum Attempt {
     },
 }
 
+impl Attempt {
+    /// The grant, if this attempt won one: what `try_acquire` returns.
+    pub fn into_grant(self) -> Option<Grant> {
+        match self {
+            Attempt::Granted(grant) => Some(grant),
+            Attempt::Held { .. } => None,
+        }
+    }
+}
+
 /// Capped exponential backoff with jitter: each delay is drawn from the upper half of the
 /// current step, which doubles up to the cap.
 #[derive(Clone, Debug)]
