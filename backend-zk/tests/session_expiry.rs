@@ -63,7 +63,7 @@ async fn expired_session_fires_lost_and_the_next_waiter_acquires() {
     // lands; then the thief tries again.
     let info = holder.client().session().clone();
     let closing_by = Instant::now() + BOUND;
-    loop {
+    'closing: loop {
         assert!(
             Instant::now() < closing_by,
             "could not close the holder's session"
@@ -72,23 +72,31 @@ async fn expired_session_fires_lost_and_the_next_waiter_acquires() {
             .with_session(info.clone())
             .with_session_timeout(SESSION)
             .connect(config.hosts());
-        let thief = match tokio::time::timeout(SESSION * 2, attach).await {
-            Ok(Ok(thief)) => thief,
-            // Already closed by an earlier attempt whose answer got lost.
-            Ok(Err(zk::Error::SessionExpired)) => break,
-            Ok(Err(_)) | Err(_) => continue,
-        };
-        let mut thief_state = thief.state_watcher();
-        drop(thief);
-        let ended = tokio::time::timeout(SESSION * 2, async {
-            loop {
-                if thief_state.changed().await.is_terminated() {
-                    return;
-                }
+        match tokio::time::timeout(SESSION * 2, attach).await {
+            Ok(Ok(thief)) => {
+                let mut thief_state = thief.state_watcher();
+                drop(thief);
+                let _ = tokio::time::timeout(SESSION * 2, async {
+                    loop {
+                        if thief_state.changed().await.is_terminated() {
+                            return;
+                        }
+                    }
+                })
+                .await;
             }
-        });
-        if ended.await.is_ok() {
-            break;
+            // Possibly closed by an earlier attempt whose answer got lost: checked below.
+            Ok(Err(zk::Error::SessionExpired)) => {}
+            Ok(Err(_)) | Err(_) => continue,
+        }
+        // The close only counts once the server dropped the holder's ephemeral node; under load
+        // the holder's client can win its session back before the close lands.
+        let gone_by = Instant::now() + SESSION * 2;
+        while Instant::now() < gone_by {
+            if queue_len(&waiter, &name).await < 2 {
+                break 'closing;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     let expired_at = Instant::now();
