@@ -1,9 +1,8 @@
 //! Conveniences over the primitives, written once for every backend.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-use async_trait::async_trait;
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
@@ -31,74 +30,138 @@ use crate::options::{Lease, LockOptions};
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 /// # }
 /// ```
-#[async_trait]
 pub trait LockExt {
     /// Takes the lock if it is free, with default options; `None` if someone else holds it.
-    async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>> {
-        self.try_lock_with(name, &LockOptions::default()).await
-    }
+    fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send;
 
     /// Takes the lock, waiting up to `wait`; [`ErrorKind::Timeout`] after that.
-    async fn lock(&self, name: &str, wait: Duration) -> Result<LockGuard> {
-        self.lock_with(name, &LockOptions::default().wait(wait))
-            .await
-    }
+    fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send;
 
     /// Takes the lock if it is free, with `options` (its wait bound is ignored).
-    async fn try_lock_with(&self, name: &str, options: &LockOptions) -> Result<Option<LockGuard>>;
+    fn try_lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send;
 
     /// Takes the lock with `options`, waiting up to `options.wait` (no wait if unset).
-    async fn lock_with(&self, name: &str, options: &LockOptions) -> Result<LockGuard>;
+    fn lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send;
 
     /// Who holds `name`, if anyone.
-    async fn holder(&self, name: &str) -> Result<Option<LockInfo>>;
+    fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send;
 }
 
-#[async_trait]
+// The methods are plain `async` bodies over `&Arc<dyn DistributedLock>` rather than
+// `#[async_trait]` ones: on the in-memory backend a boxed future per call was a visible share of
+// a whole lock cycle, and nobody needs `LockExt` itself as a trait object.
 impl LockExt for Arc<dyn DistributedLock> {
-    async fn try_lock_with(&self, name: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
-        let plan = Plan::new(&**self, name, options)?;
-        let grant = self
-            .try_acquire(&plan.req)
-            .await
-            .map_err(|e| context(e, &**self, &plan.req.name))?;
-        Ok(grant.map(|g| LockGuard::new(self.clone(), g, plan.renew, plan.leased)))
+    fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        try_lock_with(self, name, None)
     }
 
-    async fn lock_with(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
-        let plan = Plan::new(&**self, name, options)?;
-        let wait = options.wait.unwrap_or(Duration::ZERO);
-        let grant = self
-            .acquire(&plan.req, wait)
-            .await
-            .map_err(|e| context(e, &**self, &plan.req.name))?;
-        Ok(LockGuard::new(self.clone(), grant, plan.renew, plan.leased))
+    fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
+        lock_with(self, name, None, Some(wait))
     }
 
-    async fn holder(&self, name: &str) -> Result<Option<LockInfo>> {
-        let name = LockName::new(name)?;
-        self.inspect(&name)
-            .await
-            .map_err(|e| context(e, &**self, &name))
+    fn try_lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        try_lock_with(self, name, Some(options))
+    }
+
+    fn lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        lock_with(self, name, Some(options), options.wait)
+    }
+
+    fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
+        holder(self, name)
     }
 }
 
-#[async_trait]
 impl<B: DistributedLock> LockExt for Arc<B> {
-    async fn try_lock_with(&self, name: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
+    fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        this.try_lock_with(name, options).await
+        async move { try_lock_with(&this, name, None).await }
     }
 
-    async fn lock_with(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
+    fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        this.lock_with(name, options).await
+        async move { lock_with(&this, name, None, Some(wait)).await }
     }
 
-    async fn holder(&self, name: &str) -> Result<Option<LockInfo>> {
+    fn try_lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        this.holder(name).await
+        async move { try_lock_with(&this, name, Some(options)).await }
     }
+
+    fn lock_with(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { lock_with(&this, name, Some(options), options.wait).await }
+    }
+
+    fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { holder(&this, name).await }
+    }
+}
+
+/// Default options, for the methods that take none.
+static DEFAULT_OPTIONS: LockOptions = LockOptions {
+    lease: Lease::Watchdog,
+    wait: None,
+    owner: None,
+};
+
+async fn try_lock_with(
+    this: &Arc<dyn DistributedLock>,
+    name: &str,
+    options: Option<&LockOptions>,
+) -> Result<Option<LockGuard>> {
+    let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), None)?;
+    let grant = this
+        .try_acquire(&plan.req)
+        .await
+        .map_err(|e| context(e, &**this, &plan.req.name))?;
+    Ok(grant.map(|g| LockGuard::new(this.clone(), g, plan.renew, plan.leased)))
+}
+
+async fn lock_with(
+    this: &Arc<dyn DistributedLock>,
+    name: &str,
+    options: Option<&LockOptions>,
+    wait: Option<Duration>,
+) -> Result<LockGuard> {
+    let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), wait)?;
+    let grant = this
+        .acquire(&plan.req, wait.unwrap_or(Duration::ZERO))
+        .await
+        .map_err(|e| context(e, &**this, &plan.req.name))?;
+    Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+}
+
+async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<LockInfo>> {
+    let name = LockName::new(name).map_err(|e| e.with_backend(this.core().backend()))?;
+    this.inspect(&name)
+        .await
+        .map_err(|e| context(e, &**this, &name))
 }
 
 /// A validated acquire: the request, and how the guard keeps its lease.
@@ -109,12 +172,17 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(backend: &dyn DistributedLock, name: &str, options: &LockOptions) -> Result<Self> {
+    fn new(
+        backend: &dyn DistributedLock,
+        name: &str,
+        options: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Self> {
         let core = backend.core();
         let name = LockName::new(name).map_err(|e| e.with_backend(core.backend()))?;
         let with_ctx = |e: Error| e.with_backend(core.backend()).with_lock(&name);
         options.validate().map_err(with_ctx)?;
-        if let Some(wait) = options.wait {
+        if let Some(wait) = wait {
             check_wait(wait).map_err(with_ctx)?;
         }
         let caps = backend.capabilities();

@@ -44,6 +44,7 @@ impl fmt::Display for LostReason {
 
 /// State shared between a guard and the client's watchdog.
 pub(crate) struct GrantState {
+    pub(crate) grant: Grant,
     inner: Mutex<StateInner>,
     changed: Notify,
 }
@@ -54,8 +55,9 @@ struct StateInner {
 }
 
 impl GrantState {
-    fn new(safe_until: Option<Instant>) -> Self {
+    fn new(grant: Grant, safe_until: Option<Instant>) -> Self {
         Self {
+            grant,
             inner: Mutex::new(StateInner {
                 safe_until,
                 lost: None,
@@ -117,7 +119,7 @@ impl GrantState {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     backend: Arc<dyn DistributedLock>,
-    grant: Grant,
+    /// The grant (`state.grant`) and what the watchdog shares of it.
     state: Arc<GrantState>,
     entry: u64,
     done: bool,
@@ -133,16 +135,14 @@ impl LockGuard {
         leased: bool,
     ) -> Self {
         let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
-        let state = Arc::new(GrantState::new(until));
-        let entry = backend.core().watchdog().register(
-            Arc::downgrade(&backend),
-            grant.clone(),
-            state.clone(),
-            renew_ttl,
-        );
+        let state = Arc::new(GrantState::new(grant, until));
+        let entry =
+            backend
+                .core()
+                .watchdog()
+                .register(Arc::downgrade(&backend), state.clone(), renew_ttl);
         Self {
             backend,
-            grant,
             state,
             entry,
             done: false,
@@ -151,32 +151,32 @@ impl LockGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.grant.name
+        &self.state.grant.name
     }
 
     /// The owner holding it.
     pub fn owner(&self) -> &OwnerId {
-        &self.grant.owner
+        &self.state.grant.owner
     }
 
     /// The fencing token of this grant.
     pub fn token(&self) -> FencingToken {
-        self.grant.token
+        self.state.grant.token
     }
 
     /// The owner's hold count right after this acquire.
     pub fn hold_count(&self) -> u32 {
-        self.grant.hold_count
+        self.state.grant.hold_count
     }
 
     /// The lease the server granted.
     pub fn ttl(&self) -> Duration {
-        self.grant.ttl
+        self.state.grant.ttl
     }
 
     /// The grant as the backend reported it.
     pub fn grant(&self) -> &Grant {
-        &self.grant
+        &self.state.grant
     }
 
     /// The monotonic instant until which this guard may claim the lock: when the last
@@ -231,7 +231,7 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::grant::check_ttl(ttl).map_err(|e| e.with_lock(self.name()))?;
         let sent = Instant::now();
-        match self.backend.renew(&self.grant, ttl).await {
+        match self.backend.renew(&self.state.grant, ttl).await {
             Ok(granted) => {
                 self.state.extend(safe_until(sent, granted));
                 Ok(())
@@ -253,9 +253,9 @@ impl LockGuard {
         self.backend.core().watchdog().deregister(self.entry);
         self.state.fire(LostReason::Released);
         self.backend
-            .release(&self.grant)
+            .release(&self.state.grant)
             .await
-            .map_err(|e| context(e, &*self.backend, &self.grant.name))
+            .map_err(|e| context(e, &*self.backend, &self.state.grant.name))
     }
 }
 
@@ -269,7 +269,7 @@ impl Drop for LockGuard {
         // Without a runtime there is nothing to release on; the lease expires by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();
-            let grant = self.grant.clone();
+            let grant = self.state.grant.clone();
             handle.spawn(async move {
                 let _ = backend.release(&grant).await;
             });
@@ -280,10 +280,10 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.grant.name)
-            .field("owner", &self.grant.owner)
-            .field("token", &self.grant.token)
-            .field("hold_count", &self.grant.hold_count)
+            .field("name", &self.state.grant.name)
+            .field("owner", &self.state.grant.owner)
+            .field("token", &self.state.grant.token)
+            .field("hold_count", &self.state.grant.hold_count)
             .field("lost", &self.state.reason())
             .finish()
     }

@@ -40,9 +40,9 @@ pub struct MemoryStore {
 
 #[derive(Default)]
 struct State {
+    /// One slot per name ever locked. Slots are never removed, because each carries the name's
+    /// fencing counter, which must never go back.
     slots: HashMap<LockName, Slot>,
-    /// Fencing counters, never removed.
-    tokens: HashMap<LockName, u64>,
     next_waiter: u64,
 }
 
@@ -50,6 +50,8 @@ struct State {
 struct Slot {
     holder: Option<Holder>,
     waiters: VecDeque<Waiter>,
+    /// The last fencing token issued for this name.
+    token: u64,
 }
 
 struct Holder {
@@ -66,40 +68,52 @@ struct Waiter {
     tx: oneshot::Sender<Grant>,
 }
 
-impl State {
-    fn next_token(&mut self, name: &LockName) -> FencingToken {
-        let t = self.tokens.entry(name.clone()).or_insert(0);
-        *t += 1;
-        FencingToken(*t)
+fn grant(
+    name: &LockName,
+    owner: &OwnerId,
+    token: FencingToken,
+    count: u32,
+    ttl: Duration,
+    now: Instant,
+) -> Grant {
+    Grant {
+        name: name.clone(),
+        owner: owner.clone(),
+        token,
+        hold_count: count,
+        ttl,
+        sent_at: now,
+        key: String::new(),
+    }
+}
+
+impl Slot {
+    fn fresh_token(&mut self) -> FencingToken {
+        self.token += 1;
+        FencingToken(self.token)
+    }
+
+    /// The holder, unless its lease has run out.
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_at > now)
     }
 
     /// Drops an expired holder and, while the lock is free, hands it to the first waiter that
     /// is still listening. Called on every state change that can free a lock.
     fn dispatch(&mut self, name: &LockName, now: Instant) {
-        let Some(slot) = self.slots.get_mut(name) else {
-            return;
-        };
-        if slot.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            slot.holder = None;
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.holder = None;
         }
-        while slot.holder.is_none() {
-            let Some(w) = slot.waiters.pop_front() else {
+        while self.holder.is_none() {
+            let Some(w) = self.waiters.pop_front() else {
                 break;
             };
-            let t = self.tokens.entry(name.clone()).or_insert(0);
-            *t += 1;
-            let token = FencingToken(*t);
-            let grant = Grant {
-                name: name.clone(),
-                owner: w.owner.clone(),
-                token,
-                hold_count: 1,
-                ttl: w.ttl,
-                sent_at: now,
-                key: String::new(),
-            };
-            if w.tx.send(grant).is_ok() {
-                slot.holder = Some(Holder {
+            let token = self.fresh_token();
+            if w.tx
+                .send(grant(name, &w.owner, token, 1, w.ttl, now))
+                .is_ok()
+            {
+                self.holder = Some(Holder {
                     owner: w.owner,
                     count: 1,
                     token,
@@ -107,69 +121,41 @@ impl State {
                 });
             }
         }
-        if slot.holder.is_none() && slot.waiters.is_empty() {
-            self.slots.remove(name);
-        }
     }
 
     /// Grants at once if free or held by `req.owner`; `None` if held by someone else (or if
     /// others already queue for it: FIFO).
     fn try_grant(&mut self, req: &AcquireRequest, now: Instant) -> Option<Grant> {
         self.dispatch(&req.name, now);
-        let token = match self.slots.get_mut(&req.name) {
-            Some(slot) => {
-                let h = slot.holder.as_mut()?;
-                if h.owner != req.owner {
-                    return None;
-                }
-                h.count += 1;
-                h.expires_at = h.expires_at.max(now + req.ttl);
-                return Some(Grant {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    token: h.token,
-                    hold_count: h.count,
-                    ttl: req.ttl,
-                    sent_at: now,
-                    key: String::new(),
-                });
+        if let Some(h) = self.holder.as_mut() {
+            if h.owner != req.owner {
+                return None;
             }
-            None => self.next_token(&req.name),
-        };
-        self.slots.insert(
-            req.name.clone(),
-            Slot {
-                holder: Some(Holder {
-                    owner: req.owner.clone(),
-                    count: 1,
-                    token,
-                    expires_at: now + req.ttl,
-                }),
-                waiters: VecDeque::new(),
-            },
-        );
-        Some(Grant {
-            name: req.name.clone(),
+            h.count += 1;
+            h.expires_at = h.expires_at.max(now + req.ttl);
+            return Some(grant(&req.name, &req.owner, h.token, h.count, req.ttl, now));
+        }
+        let token = self.fresh_token();
+        self.holder = Some(Holder {
             owner: req.owner.clone(),
+            count: 1,
             token,
-            hold_count: 1,
-            ttl: req.ttl,
-            sent_at: now,
-            key: String::new(),
-        })
-    }
-
-    fn live_holder(&self, name: &LockName, now: Instant) -> Option<&Holder> {
-        self.slots
-            .get(name)?
-            .holder
-            .as_ref()
-            .filter(|h| h.expires_at > now)
+            expires_at: now + req.ttl,
+        });
+        Some(grant(&req.name, &req.owner, token, 1, req.ttl, now))
     }
 
     fn holds(&self, grant: &Grant, now: Instant) -> bool {
-        self.live_holder(&grant.name, now)
-            .is_some_and(|h| h.owner == grant.owner && h.token == grant.token)
+        self.live_holder(now)
+            .is_some_and(|h| h.token == grant.token && h.owner == grant.owner)
+    }
+}
+
+impl State {
+    /// `name`'s slot, made on first use.
+    fn slot(&mut self, name: &LockName) -> &mut Slot {
+        // The owned key is an `Arc` clone: one hash, no allocation.
+        self.slots.entry(name.clone()).or_default()
     }
 }
 
@@ -196,21 +182,27 @@ impl MemoryStore {
     /// Removes `name`'s holder behind its back, as an operator or a failing server would; the
     /// next waiter gets the lock. For tests of the lost signal.
     pub fn remove(&self, name: &LockName) {
-        let mut s = self.lock();
-        if let Some(slot) = s.slots.get_mut(name) {
+        if let Some(slot) = self.lock().slots.get_mut(name.as_str()) {
             slot.holder = None;
+            slot.dispatch(name, Instant::now());
         }
-        s.dispatch(name, Instant::now());
     }
 
     /// How many names have a holder or waiters (expired holders included until touched).
     pub fn active_names(&self) -> usize {
-        self.lock().slots.len()
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| s.holder.is_some() || !s.waiters.is_empty())
+            .count()
     }
 
     /// How many waiters are queued for `name`.
     pub fn waiters_for(&self, name: &LockName) -> usize {
-        self.lock().slots.get(name).map_or(0, |s| s.waiters.len())
+        self.lock()
+            .slots
+            .get(name.as_str())
+            .map_or(0, |s| s.waiters.len())
     }
 
     /// How many waiters are queued, over all names.
@@ -266,19 +258,17 @@ impl Drop for QueuedWaiter<'_> {
             return;
         }
         let mut s = self.store.lock();
-        let now = Instant::now();
-        if let Some(slot) = s.slots.get_mut(self.name) {
-            slot.waiters.retain(|w| w.id != self.id);
-        }
+        let Some(slot) = s.slots.get_mut(self.name.as_str()) else {
+            return;
+        };
+        slot.waiters.retain(|w| w.id != self.id);
         // Dispatch sends under the store lock, so under it the grant is either queued or here.
         if let Ok(grant) = self.rx.try_recv() {
-            if let Some(slot) = s.slots.get_mut(self.name) {
-                if slot.holder.as_ref().is_some_and(|h| h.token == grant.token) {
-                    slot.holder = None;
-                }
+            if slot.holder.as_ref().is_some_and(|h| h.token == grant.token) {
+                slot.holder = None;
             }
         }
-        s.dispatch(self.name, now);
+        slot.dispatch(self.name, Instant::now());
     }
 }
 
@@ -295,31 +285,34 @@ impl DistributedLock for MemoryLock {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
         // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
         // lock calls must still let the runtime run its other tasks (the watchdog among them).
+        // Acquires spend it, releases do not: a loop that releases also acquires.
         tokio::task::coop::consume_budget().await;
-        Ok(self.store.lock().try_grant(req, Instant::now()))
+        Ok(self
+            .store
+            .lock()
+            .slot(&req.name)
+            .try_grant(req, Instant::now()))
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        tokio::task::coop::consume_budget().await;
         let started = Instant::now();
         let deadline = started + wait;
         let mut queued = {
             let mut s = self.store.lock();
-            if let Some(g) = s.try_grant(req, started) {
+            s.next_waiter += 1;
+            let id = s.next_waiter;
+            let slot = s.slot(&req.name);
+            if let Some(g) = slot.try_grant(req, started) {
                 return Ok(g);
             }
             let (tx, rx) = oneshot::channel();
-            s.next_waiter += 1;
-            let id = s.next_waiter;
-            s.slots
-                .entry(req.name.clone())
-                .or_default()
-                .waiters
-                .push_back(Waiter {
-                    id,
-                    owner: req.owner.clone(),
-                    ttl: req.ttl,
-                    tx,
-                });
+            slot.waiters.push_back(Waiter {
+                id,
+                owner: req.owner.clone(),
+                ttl: req.ttl,
+                tx,
+            });
             QueuedWaiter {
                 store: &self.store,
                 name: &req.name,
@@ -335,7 +328,7 @@ impl DistributedLock for MemoryLock {
                 let s = self.store.lock();
                 let expiry = s
                     .slots
-                    .get(&req.name)
+                    .get(req.name.as_str())
                     .and_then(|slot| slot.holder.as_ref())
                     .map(|h| h.expires_at);
                 expiry.map_or(deadline, |e| e.min(deadline))
@@ -351,7 +344,7 @@ impl DistributedLock for MemoryLock {
                 }
                 _ = tokio::time::sleep_until(wake.into()) => {
                     let now = Instant::now();
-                    self.store.lock().dispatch(&req.name, now);
+                    self.store.lock().slot(&req.name).dispatch(&req.name, now);
                     if now >= deadline {
                         if let Ok(grant) = queued.rx.try_recv() {
                             queued.done = true;
@@ -365,18 +358,21 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        if !s.holds(grant, now) {
+        let Some(slot) = s.slots.get_mut(grant.name.as_str()) else {
+            return Ok(false);
+        };
+        if !slot.holds(grant, now) {
             return Ok(false);
         }
-        let slot = s.slots.get_mut(&grant.name).expect("held implies a slot");
         let h = slot.holder.as_mut().expect("held implies a holder");
         h.count -= 1;
         if h.count == 0 {
             slot.holder = None;
-            s.dispatch(&grant.name, now);
+            if !slot.waiters.is_empty() {
+                slot.dispatch(&grant.name, now);
+            }
         }
         Ok(true)
     }
@@ -384,24 +380,28 @@ impl DistributedLock for MemoryLock {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         let mut s = self.store.lock();
         let now = Instant::now();
-        if !s.holds(grant, now) {
-            return Err(lost(
+        match s.slots.get_mut(grant.name.as_str()) {
+            Some(slot) if slot.holds(grant, now) => {
+                let h = slot.holder.as_mut().expect("held implies a holder");
+                h.expires_at = now + ttl;
+                Ok(ttl)
+            }
+            _ => Err(lost(
                 &grant.name,
                 "the lock is no longer held by this grant",
-            ));
+            )),
         }
-        let slot = s.slots.get_mut(&grant.name).expect("held implies a slot");
-        let h = slot.holder.as_mut().expect("held implies a holder");
-        h.expires_at = now + ttl;
-        Ok(ttl)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        s.dispatch(name, now);
-        Ok(s.live_holder(name, now).map(|h| LockInfo {
+        let Some(slot) = s.slots.get_mut(name.as_str()) else {
+            return Ok(None);
+        };
+        slot.dispatch(name, now);
+        Ok(slot.live_holder(now).map(|h| LockInfo {
             owner: h.owner.clone(),
             hold_count: h.count,
             token: h.token,

@@ -20,6 +20,13 @@ impl LockName {
     /// Validates `name`; a bad name is an [`ErrorKind::InvalidArgument`] that says what is wrong.
     pub fn new(name: impl AsRef<str>) -> Result<Self, Error> {
         let name = name.as_ref();
+        // The common case, checked byte-wise: printable ASCII, not all spaces.
+        if (1..=MAX_NAME_LEN).contains(&name.len())
+            && name.bytes().all(|b| (b' '..=b'~').contains(&b))
+            && name.bytes().any(|b| b != b' ')
+        {
+            return Ok(Self(name.into()));
+        }
         let problem = if name.is_empty() {
             Some("is empty".to_string())
         } else if name.len() > MAX_NAME_LEN {
@@ -74,6 +81,13 @@ impl fmt::Debug for LockName {
 
 impl AsRef<str> for LockName {
     fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+// `Hash` and `Eq` are the `str`'s, so maps keyed by names can be searched with a `&str`.
+impl std::borrow::Borrow<str> for LockName {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }

@@ -1,11 +1,14 @@
 //! One renewal task per client: renews every watchdog-managed grant at TTL/3 and fires `lost()`
 //! when a renewal finds the lock gone or safe-until passes without a successful renewal.
 //!
-//! Entries sit in a deadline-ordered queue, so a wake-up touches only what is due: a client
-//! holding ten thousand locks renews each at its own time at O(log n) a step, not by rescanning
-//! them all.
+//! Guards live in a slab, so enrolling one and letting it go are O(1) with no hashing: most
+//! locks are released long before their first renewal is due, and for them the watchdog should
+//! cost next to nothing. Only events due within the next two ticks sit in a deadline-ordered
+//! queue; a sweep once a tick moves later ones in as they come near. So a wake-up touches only
+//! what is due, and a client holding ten thousand locks renews each at its own time, at
+//! O(log n) a step plus one pass over the slab a second.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -19,10 +22,11 @@ use crate::lock::DistributedLock;
 
 /// How many renewals one client has in flight at most.
 const MAX_CONCURRENT_RENEWALS: usize = 64;
-/// While it has nothing due sooner, the task still wakes this often, so that enrolling a guard
-/// whose first deadline is later than that needs no cross-thread wake-up (the common case: a
-/// lock held for less than a third of its lease costs the watchdog no work at all).
-const IDLE_TICK: Duration = Duration::from_secs(1);
+/// While it has nothing due sooner, the task still wakes this often to sweep the slab for
+/// events coming near, so that enrolling a guard whose first event is later than two ticks away
+/// needs no queue insertion and no cross-thread wake-up (the common case: a lock held for less
+/// than a third of its lease costs the watchdog no work at all).
+const TICK: Duration = Duration::from_secs(1);
 /// After this long with nothing to watch, the task ends; the next guard starts a new one.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 
@@ -38,18 +42,31 @@ struct Shared {
 
 #[derive(Default)]
 struct Inner {
-    next_id: u64,
-    entries: HashMap<u64, Entry>,
-    /// Each entry's next event (renewal due or safe-until), earliest first.
+    slots: Vec<Slot>,
+    /// Indices of empty slots.
+    free: Vec<u32>,
+    /// How many slots hold an entry.
+    len: usize,
+    /// Events before this instant are in `queue`; later ones wait for a sweep. `None` while no
+    /// task has swept yet: a starting task's first sweep queues what is due.
+    horizon: Option<Instant>,
+    /// Queued entries' next events (renewal due or safe-until), earliest first.
     queue: BTreeSet<(Instant, u64)>,
     task: Option<JoinHandle<()>>,
     /// When the running task will next look at the queue by itself.
     wake_at: Option<Instant>,
 }
 
+/// A slab slot. An entry's id is its index with the slot's generation in the high half, so a
+/// stale id (of an entry removed while its renewal was in flight) never finds a newer entry.
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
 struct Entry {
     backend: Weak<dyn DistributedLock>,
-    grant: Grant,
     state: Arc<GrantState>,
     /// `Some` for watchdog-managed leases: the TTL to renew with and when to renew next.
     renew: Option<(Duration, Instant)>,
@@ -69,25 +86,83 @@ impl Entry {
     }
 }
 
+fn split(id: u64) -> (usize, u32) {
+    ((id & u64::from(u32::MAX)) as usize, (id >> 32) as u32)
+}
+
 impl Inner {
-    /// (Re)queues entry `id` at its next event; returns that instant.
-    fn schedule(&mut self, id: u64) -> Option<Instant> {
-        let entry = self.entries.get_mut(&id)?;
-        if let Some(old) = entry.queued.take() {
-            self.queue.remove(&(old, id));
+    fn insert(&mut self, entry: Entry) -> u64 {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot::default());
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 guards per client")
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.entry = Some(entry);
+        self.len += 1;
+        u64::from(slot.generation) << 32 | u64::from(index)
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        let (index, generation) = split(id);
+        let slot = self.slots.get_mut(index)?;
+        if slot.generation != generation {
+            return None;
         }
-        let at = entry.next_event()?;
-        entry.queued = Some(at);
-        self.queue.insert((at, id));
-        Some(at)
+        slot.entry.as_mut()
     }
 
     fn remove(&mut self, id: u64) -> Option<Entry> {
-        let entry = self.entries.remove(&id)?;
+        let (index, generation) = split(id);
+        let slot = self.slots.get_mut(index)?;
+        if slot.generation != generation {
+            return None;
+        }
+        let entry = slot.entry.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(index as u32);
+        self.len -= 1;
         if let Some(at) = entry.queued {
             self.queue.remove(&(at, id));
         }
         Some(entry)
+    }
+
+    /// (Re)queues entry `id` at its next event if that comes before the horizon. Returns the
+    /// instant if it was queued: later events need nobody woken.
+    fn schedule(&mut self, id: u64) -> Option<Instant> {
+        let horizon = self.horizon;
+        let entry = self.get_mut(id)?;
+        let old = entry.queued.take();
+        let at = entry
+            .next_event()
+            .filter(|&at| horizon.is_some_and(|h| at < h));
+        entry.queued = at;
+        if let Some(old) = old {
+            self.queue.remove(&(old, id));
+        }
+        if let Some(at) = at {
+            self.queue.insert((at, id));
+        }
+        at
+    }
+
+    /// Queues every entry whose next event comes before `now + 2 ticks`, the new horizon.
+    fn sweep(&mut self, now: Instant) {
+        let horizon = now + 2 * TICK;
+        self.horizon = Some(horizon);
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            let Some(entry) = slot.entry.as_mut().filter(|e| e.queued.is_none()) else {
+                continue;
+            };
+            if let Some(at) = entry.next_event().filter(|&at| at < horizon) {
+                entry.queued = Some(at);
+                self.queue
+                    .insert((at, u64::from(slot.generation) << 32 | index as u64));
+            }
+        }
     }
 
     /// Whether an event at `at` comes before the task would look by itself.
@@ -122,34 +197,30 @@ impl Watchdog {
     pub(crate) fn register(
         &self,
         backend: Weak<dyn DistributedLock>,
-        grant: Grant,
         state: Arc<GrantState>,
         renew_ttl: Option<Duration>,
     ) -> u64 {
-        let mut inner = lock(&self.shared.inner);
-        let id = inner.next_id;
-        inner.next_id += 1;
+        let grant = &state.grant;
         let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
-        inner.entries.insert(
-            id,
-            Entry {
-                backend,
-                grant,
-                state,
-                renew,
-                in_flight: false,
-                queued: None,
-            },
-        );
-        let at = inner.schedule(id);
+        let mut inner = lock(&self.shared.inner);
+        let id = inner.insert(Entry {
+            backend,
+            state,
+            renew,
+            in_flight: false,
+            queued: None,
+        });
         let running = inner.task.as_ref().is_some_and(|t| !t.is_finished());
         if !running {
+            // The new task's first sweep queues this entry.
             inner.wake_at = None;
+            inner.horizon = None;
             inner.task = tokio::runtime::Handle::try_current()
                 .ok()
                 .map(|h| h.spawn(run(self.shared.clone())));
             return id;
         }
+        let at = inner.schedule(id);
         let sooner = inner.sooner_than_planned(at);
         drop(inner);
         if sooner {
@@ -166,10 +237,11 @@ impl Watchdog {
     pub(crate) fn mark_lost(&self, which: impl Fn(&Grant) -> bool, reason: LostReason) {
         let mut inner = lock(&self.shared.inner);
         let ids: Vec<u64> = inner
-            .entries
+            .slots
             .iter()
-            .filter(|(_, e)| which(&e.grant))
-            .map(|(&id, _)| id)
+            .enumerate()
+            .filter(|(_, s)| s.entry.as_ref().is_some_and(|e| which(&e.state.grant)))
+            .map(|(i, s)| u64::from(s.generation) << 32 | i as u64)
             .collect();
         for id in ids {
             if let Some(e) = inner.remove(id) {
@@ -179,7 +251,7 @@ impl Watchdog {
     }
 
     pub(crate) fn len(&self) -> usize {
-        lock(&self.shared.inner).entries.len()
+        lock(&self.shared.inner).len
     }
 }
 
@@ -200,6 +272,7 @@ struct Due {
 
 async fn run(shared: Arc<Shared>) {
     let mut idle_since: Option<Instant> = None;
+    let mut next_sweep = Instant::now();
     loop {
         let notified = shared.wake.notified();
         tokio::pin!(notified);
@@ -208,12 +281,16 @@ async fn run(shared: Arc<Shared>) {
         let next = {
             let mut inner = lock(&shared.inner);
             let now = Instant::now();
+            if now >= next_sweep {
+                inner.sweep(now);
+                next_sweep = now + TICK;
+            }
             while let Some(&(at, id)) = inner.queue.first() {
                 if at > now {
                     break;
                 }
                 inner.queue.pop_first();
-                let Some(e) = inner.entries.get_mut(&id) else {
+                let Some(e) = inner.get_mut(id) else {
                     continue;
                 };
                 e.queued = None;
@@ -237,7 +314,7 @@ async fn run(shared: Arc<Shared>) {
                         due.push(Due {
                             id,
                             backend,
-                            grant: e.grant.clone(),
+                            grant: e.state.grant.clone(),
                             ttl,
                         });
                     }
@@ -246,20 +323,23 @@ async fn run(shared: Arc<Shared>) {
                 // its next event.
                 inner.schedule(id);
             }
-            if inner.entries.is_empty() {
+            if inner.len == 0 {
                 let since = *idle_since.get_or_insert(now);
                 if now.duration_since(since) >= IDLE_EXIT {
                     // Exit while holding the lock, so a concurrent `register` sees the task
                     // gone and starts a new one.
                     inner.task = None;
                     inner.wake_at = None;
+                    inner.horizon = None;
                     return;
                 }
             } else {
                 idle_since = None;
             }
-            let tick = now + IDLE_TICK;
-            let next = inner.queue.first().map_or(tick, |&(at, _)| at.min(tick));
+            let next = inner
+                .queue
+                .first()
+                .map_or(next_sweep, |&(at, _)| at.min(next_sweep));
             inner.wake_at = Some(next);
             next
         };
@@ -281,7 +361,7 @@ async fn renew_one(shared: Arc<Shared>, d: Due) {
     };
     let sooner = {
         let mut inner = lock(&shared.inner);
-        let Some(e) = inner.entries.get_mut(&d.id) else {
+        let Some(e) = inner.get_mut(d.id) else {
             return; // released while the renewal was in flight
         };
         e.in_flight = false;
@@ -297,7 +377,7 @@ async fn renew_one(shared: Arc<Shared>, d: Due) {
             }
             Err(_) => {
                 // A failed round trip: try again soon; safe-until decides when to give up.
-                let retry = (d.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                let retry = (d.ttl / 10).clamp(Duration::from_millis(10), TICK);
                 e.renew = Some((d.ttl, Instant::now() + retry));
             }
         }

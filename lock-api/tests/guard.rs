@@ -91,3 +91,37 @@ fn watchdog_stops_renewing_a_released_guard() {
         assert_eq!(a.core().guards_watched(), 0);
     });
 }
+
+/// A lease whose first renewal is due beyond the watchdog's two-tick horizon is not queued at
+/// enrolment; a later sweep must still bring it in and renew it on time.
+#[test]
+fn watchdog_renews_a_lease_whose_renewal_is_beyond_the_first_sweep() {
+    runtime().block_on(async {
+        let a = Arc::new(MemoryStore::new().client());
+        // Starts the watchdog task, so the next guard is enrolled against a running sweep.
+        let warm = a.try_lock("far-warm").await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let ttl = Duration::from_secs(9);
+        let g = a
+            .try_lock_with("far", &LockOptions::new().watchdog_ttl(ttl))
+            .await
+            .unwrap()
+            .unwrap();
+        let first_until = g.safe_until().unwrap();
+        // Renewal is due at TTL/3 = 3 s; without it, 3.8 s in, 5.2 s of lease would be left.
+        tokio::time::sleep(Duration::from_millis(3800)).await;
+        let left = a.holder("far").await.unwrap().unwrap().remaining.unwrap();
+        assert!(
+            left > Duration::from_millis(7500),
+            "not renewed: {left:?} left"
+        );
+        assert!(
+            g.safe_until().unwrap() > first_until,
+            "safe-until not moved"
+        );
+        assert!(!g.is_lost());
+        assert!(g.release().await.unwrap());
+        assert!(warm.release().await.unwrap());
+        assert_eq!(a.core().guards_watched(), 0);
+    });
+}
