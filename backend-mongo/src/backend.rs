@@ -184,9 +184,9 @@ impl MongoLock {
             .map_err(|e| e.with_lock(name))
     }
 
-    /// One acquire attempt. The request runs in a task of its own so that dropping the caller
-    /// at any await point cannot leave a grant without a guard: if nobody is listening when
-    /// the answer comes back, the task gives the grant back itself.
+    /// One acquire attempt, through [`wait::detached`]: dropping the caller at any await point
+    /// cannot leave a grant without a guard, because an attempt still in flight then finishes
+    /// in a task of its own, which gives back a grant nobody is left to receive.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let job = AcquireJob {
             locks: self.locks.clone(),
@@ -272,7 +272,7 @@ async fn check_collation(db: &mongodb::Database, collection: &str) -> Result<()>
     }
 }
 
-/// An acquire request, owned so it can run in a task of its own.
+/// An acquire request, owned so it can finish in a task of its own if its caller is dropped.
 struct AcquireJob {
     locks: Collection<Document>,
     req: AcquireRequest,

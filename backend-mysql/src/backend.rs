@@ -182,9 +182,9 @@ impl MysqlLock {
         self.inner.swept.load(Ordering::Relaxed)
     }
 
-    /// Runs one acquire attempt on a task of its own, so that dropping the caller's future
-    /// never cuts a transaction short and never loses a grant: if the caller is gone when the
-    /// attempt grants, the grant is released at once.
+    /// Runs one acquire attempt through [`wait::detached`], so that dropping the caller's
+    /// future never cuts a transaction short and never loses a grant: an attempt in flight then
+    /// finishes in a task of its own, and a grant it wins is released at once.
     async fn attempt_detached(&self, req: &AcquireRequest) -> Result<Attempt> {
         let (inner, giver) = (self.inner.clone(), self.inner.clone());
         let req = req.clone();

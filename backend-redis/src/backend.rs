@@ -87,17 +87,14 @@ impl RedisLock {
         self
     }
 
-    /// One acquire attempt, detached from the caller (see [`detached`]).
+    /// One acquire attempt, run in the caller's task and cancellation-safe (see [`detached`]).
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let shared = self.shared.clone();
         let req = req.clone();
         let undo = {
             let shared = self.shared.clone();
-            move |g: Grant| {
-                let shared = shared.clone();
-                async move {
-                    let _ = shared.release(&g).await;
-                }
+            move |g: Grant| async move {
+                let _ = shared.release(&g).await;
             }
         };
         detached(async move { shared.attempt(&req).await }, undo).await

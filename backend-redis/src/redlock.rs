@@ -154,11 +154,8 @@ impl RedLock {
         let req = req.clone();
         let undo = {
             let shared = self.shared.clone();
-            move |g: Grant| {
-                let shared = shared.clone();
-                async move {
-                    let _ = shared.release(&g).await;
-                }
+            move |g: Grant| async move {
+                let _ = shared.release(&g).await;
             }
         };
         detached(async move { shared.attempt(&req).await }, undo).await

@@ -20,6 +20,7 @@ mod machine;
 mod peer;
 mod plan;
 mod progress;
+mod readme;
 mod report;
 mod results;
 mod scenarios;

@@ -214,8 +214,16 @@ pub(crate) struct HotLevel {
 pub(crate) struct Wake {
     /// From the holder calling release to the waiter's acquire returning.
     pub(crate) latency: Latency,
-    /// Median wake-up ÷ the floor's time per round trip.
+    /// Median wake-up ÷ the floor's time per round trip (measured in a busy loop).
     pub(crate) round_trips_p50: Option<f64>,
+    /// The raw-driver floor cycle run once after each sample's kind of idle delay (notified
+    /// backends over the network only).
+    #[serde(default)]
+    pub(crate) idle_floor: Option<Latency>,
+    /// Median wake-up ÷ the idle floor's median time per round trip: the wake-up in round trips
+    /// taken under the same idle conditions.
+    #[serde(default)]
+    pub(crate) idle_round_trips_p50: Option<f64>,
 }
 
 /// Scenario 6.
