@@ -106,6 +106,7 @@ cases! {
     many_distinct_names_held_at_once: always,
     mutual_exclusion_under_contention: always,
     killed_holder_process_frees_the_lock_after_its_lease: remote,
+    paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it: remote,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1110,5 +1111,94 @@ async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
             g.token()
         );
     }
+    assert!(g.release().await.unwrap());
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+async fn signal(pid: u32, signal: &str) {
+    let status = tokio::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .await
+        .expect("run kill(1)");
+    assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+}
+
+/// A holder frozen past its lease (a stop-the-world pause, a suspended VM): the server frees the
+/// lock, a new holder gets a greater token, and when the old holder runs again its guard says
+/// lost and its late release does not free the new holder's lock.
+async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx: Ctx) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let name = cx.name("paused");
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = tokio::process::Command::new(exe)
+        .env(crate::runner::HOLDER_CHILD_ENV, &name)
+        .env(crate::runner::HOLDER_MODE_ENV, "check")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the holder process");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut next_line = async |what: &str| {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("the holder process did not {what} within 30 s"))
+            .expect("read the holder's stdout")
+            .unwrap_or_else(|| panic!("the holder process exited before it could {what}"))
+    };
+    let line = next_line("take the lock").await;
+    let child_token: u64 = line
+        .strip_prefix("HELD ")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
+    let pid = child.id().expect("the holder process is running");
+    let other = cx.client().await;
+    assert!(
+        other.try_lock(&name).await.unwrap().is_none(),
+        "the holder process does not hold it"
+    );
+    signal(pid, "STOP").await;
+    let paused = Instant::now();
+    let g = other
+        .lock(&name, Duration::from_secs(60))
+        .await
+        .expect("the lock of a paused holder was never freed");
+    eprintln!("freed {:?} after the holder was paused", paused.elapsed());
+    if other.capabilities().fencing_tokens() {
+        assert!(
+            g.token().0 > child_token,
+            "token {} after the paused holder's {child_token}",
+            g.token()
+        );
+    }
+    signal(pid, "CONT").await;
+    stdin.write_all(b"CHECK\n").await.expect("ask the holder");
+    stdin.flush().await.expect("ask the holder");
+    let line = next_line("report after the pause").await;
+    let report = line
+        .strip_prefix("AFTER ")
+        .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
+    eprintln!("the resumed holder: {report}");
+    assert!(
+        report.starts_with("lost=true "),
+        "the resumed holder's guard does not say lost: {report}"
+    );
+    assert!(
+        !report.ends_with("release=ok:true"),
+        "the resumed holder's release claims it still held the lock: {report}"
+    );
+    let _ = child.wait().await;
+    // Whatever the late release did, the new holder still holds the lock.
+    assert!(!g.is_lost(), "the new holder's guard says lost");
+    let info = other
+        .holder(&name)
+        .await
+        .unwrap()
+        .expect("the late release freed the new holder's lock");
+    assert_eq!(&info.owner, other.core().owner());
     assert!(g.release().await.unwrap());
 }

@@ -138,6 +138,10 @@ pub fn run<H: Harness>(harness: H) -> ExitCode {
 /// Set on a child process of the suite's own test binary that acquires the named lock, says
 /// so on stdout, and holds it until it is killed: a holder that dies without releasing.
 pub(crate) const HOLDER_CHILD_ENV: &str = "DISTLOCK_CONFORMANCE_HOLDER";
+/// With [`HOLDER_CHILD_ENV`]: set to `check`, the child also waits for a `CHECK` line on stdin
+/// (sent after it was paused and resumed), then reports whether its guard says lost and what
+/// its release answered: `AFTER lost=<bool> release=<ok:bool|err:Kind>`.
+pub(crate) const HOLDER_MODE_ENV: &str = "DISTLOCK_CONFORMANCE_HOLDER_MODE";
 
 fn holder_child(h: Arc<dyn Harness>, name: &str) -> ExitCode {
     use distlock_api::LockExt;
@@ -162,6 +166,24 @@ fn holder_child(h: Arc<dyn Harness>, name: &str) -> ExitCode {
         };
         println!("HELD {}", guard.token().0);
         let _ = std::io::stdout().flush();
+        if std::env::var(HOLDER_MODE_ENV).as_deref() == Ok("check") {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            // Bounded, in case the parent dies before asking.
+            let asked = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+            if !matches!(asked, Ok(Ok(Some(ref l))) if l.trim() == "CHECK") {
+                eprintln!("holder child: no CHECK from the parent: {asked:?}");
+                return ExitCode::FAILURE;
+            }
+            let lost = guard.is_lost();
+            let released = match guard.release().await {
+                Ok(held) => format!("ok:{held}"),
+                Err(e) => format!("err:{:?}", e.kind()),
+            };
+            println!("AFTER lost={lost} release={released}");
+            let _ = std::io::stdout().flush();
+            return ExitCode::SUCCESS;
+        }
         // Bounded, in case the parent dies before killing us.
         tokio::time::sleep(Duration::from_secs(60)).await;
         drop(guard);
