@@ -18,26 +18,6 @@ use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig, RedisLock};
 /// The leases here are long: only a give-back frees the lock within this.
 const GIVE_BACK: Duration = Duration::from_secs(3);
 
-async fn client() -> Arc<RedisLock> {
-    let config = RedisConfig::from_url(&common::redis_url()).expect("DISTLOCK_REDIS_URL");
-    Arc::new(
-        RedisLock::connect(config)
-            .await
-            .expect("redis unreachable: run `scripts/services up redis`"),
-    )
-}
-
-fn unique(what: &str) -> String {
-    format!(
-        "cancel-{what}-{:x}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 /// The name's fencing counter: how many fresh grants the server has made.
 async fn grants(name: &str) -> u64 {
     let config = RedisConfig::from_url(&common::redis_url()).unwrap();
@@ -76,11 +56,11 @@ async fn try_lock_dropped_while_its_script_is_in_flight_gives_the_grant_back() {
         eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
         return;
     }
-    let c = client().await;
+    let c = common::client().await;
     let long = LockOptions::new().ttl(Duration::from_secs(60));
     let mut dropped = 0;
     for round in 0..TRIES {
-        let name = unique(&format!("try-{round}"));
+        let name = common::unique(&format!("try-{round}"));
         let mut acquiring = Box::pin(c.try_lock_with(&name, &long));
         if let Poll::Ready(answer) = poll_once(&mut acquiring).await {
             let g = answer.unwrap().expect("a fresh name is free");
@@ -104,13 +84,13 @@ async fn waiter_dropped_right_after_its_wake_up_retry_was_sent_gives_the_grant_b
         eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
         return;
     }
-    let (holder, waiter) = (client().await, client().await);
+    let (holder, waiter) = (common::client().await, common::client().await);
     let long = LockOptions::new()
         .watchdog_ttl(Duration::from_secs(60))
         .wait(Duration::from_secs(30));
     let mut dropped = 0;
     for round in 0..TRIES {
-        let name = unique(&format!("wait-{round}"));
+        let name = common::unique(&format!("wait-{round}"));
         let g = holder.lock_with(&name, &long).await.unwrap();
         let mut waiting = Box::pin(waiter.lock_with(&name, &long));
         // Until it has subscribed, retried and settled into its wait.

@@ -5,11 +5,10 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_redis::redis::{self, AsyncCommands};
-use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig, RedisLock};
+use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig};
 
 fn skipped() -> bool {
     let skip = distlock_conformance::skipped_by_env("redis");
@@ -17,23 +16,6 @@ fn skipped() -> bool {
         eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
     }
     skip
-}
-
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("t-{tag}-{}-{nanos:x}-", std::process::id())
-}
-
-async fn client() -> Arc<RedisLock> {
-    let config = RedisConfig::from_url(&common::redis_url()).unwrap();
-    Arc::new(
-        RedisLock::connect(config)
-            .await
-            .expect("redis unreachable: run `scripts/services up redis`"),
-    )
 }
 
 /// `id → subscription count` of every pub/sub connection on the server.
@@ -73,9 +55,9 @@ async fn all_waiters_of_a_client_share_one_pubsub_connection_and_leave_nothing()
     if skipped() {
         return;
     }
-    let prefix = unique("share");
+    let prefix = common::unique("share");
     let config = RedisConfig::from_url(&common::redis_url()).unwrap();
-    let (holder, waiter) = (client().await, client().await);
+    let (holder, waiter) = (common::client().await, common::client().await);
     let names: Vec<String> = ["a", "b", "c", "d"]
         .iter()
         .map(|s| format!("{prefix}{s}"))
@@ -162,10 +144,10 @@ async fn fencing_counter_outlives_release_and_expiry() {
     if skipped() {
         return;
     }
-    let name = format!("{}n", unique("fence"));
+    let name = format!("{}n", common::unique("fence"));
     let config = RedisConfig::from_url(&common::redis_url()).unwrap();
     let fence_key = config.fence_key(&LockName::new(&name).unwrap());
-    let locks = client().await;
+    let locks = common::client().await;
     let mut con = common::raw(&common::redis_url()).await.unwrap();
     let g = locks.try_lock(&name).await.unwrap().expect("free");
     let first = g.token().0;

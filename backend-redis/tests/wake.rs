@@ -3,25 +3,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_redis::redis;
-use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig, RedisLock};
+use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig};
 
 const ROUNDS: usize = 5;
 /// Generous on purpose: a release-driven wake takes a few ms; a timer-driven one would take the
 /// holder's 30 s lease (or the 5 s re-check at best).
 const BOUND: Duration = Duration::from_millis(250);
-
-async fn client() -> Arc<RedisLock> {
-    let config = RedisConfig::from_url(&common::redis_url()).expect("DISTLOCK_REDIS_URL");
-    Arc::new(
-        RedisLock::connect(config)
-            .await
-            .expect("redis unreachable: run `scripts/services up redis`"),
-    )
-}
 
 async fn numsub(channel: &str) -> u64 {
     let mut con = common::raw(&common::redis_url()).await.expect("raw");
@@ -40,7 +30,7 @@ async fn waiter_acquires_within_milliseconds_of_the_release_while_the_lease_is_l
         eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
         return;
     }
-    let (holder, waiter) = (client().await, client().await);
+    let (holder, waiter) = (common::client().await, common::client().await);
     let config = RedisConfig::from_url(&common::redis_url()).unwrap();
     let name = format!("wake-{}", uuid_like());
     let channel = config.release_channel(&LockName::new(&name).unwrap());

@@ -1069,27 +1069,80 @@ async fn mutual_exclusion_under_contention(cx: Ctx) {
 // ---------------------------------------------------------------------------------------------
 // Faults
 
-async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
-    use tokio::io::AsyncBufReadExt;
-    let name = cx.name("killed");
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut child = tokio::process::Command::new(exe)
-        .env(crate::runner::HOLDER_CHILD_ENV, &name)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the holder process");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+/// A child process of the suite's own test binary holding a lock (see the runner's holder mode).
+struct HolderProcess {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    /// The token of the child's grant.
+    token: u64,
+}
+
+impl HolderProcess {
+    /// Starts the child (with `mode`, if any) and waits until it holds `name`.
+    async fn spawn(name: &str, mode: Option<&str>) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.env(crate::runner::HOLDER_CHILD_ENV, name)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(mode) = mode {
+            cmd.env(crate::runner::HOLDER_MODE_ENV, mode);
+        }
+        let mut child = cmd.spawn().expect("spawn the holder process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut holder = Self {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+            token: 0,
+        };
+        let line = holder.next_line("take the lock").await;
+        holder.token = line
+            .strip_prefix("HELD ")
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
+        holder
+    }
+
+    /// The child's next line of output; panics saying it did not `what` within 30 s.
+    async fn next_line(&mut self, what: &str) -> String {
+        tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("the holder process did not {what} within 30 s"))
+            .expect("read the holder's stdout")
+            .unwrap_or_else(|| panic!("the holder process exited before it could {what}"))
+    }
+}
+
+/// Waits for `name`, which only the lease of a holder process that was just `what` (killed,
+/// paused) can free, and checks that the new grant's token is greater than that holder's.
+async fn take_over(
+    other: &Arc<dyn DistributedLock>,
+    name: &str,
+    holder_token: u64,
+    what: &str,
+) -> LockGuard {
+    let since = Instant::now();
+    let g = other
+        .lock(name, Duration::from_secs(60))
         .await
-        .expect("the holder process did not take the lock within 30 s")
-        .expect("read the holder's stdout")
-        .expect("the holder process exited without taking the lock");
-    let child_token: u64 = line
-        .strip_prefix("HELD ")
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
+        .unwrap_or_else(|e| panic!("the lock of a {what} holder was never freed: {e}"));
+    eprintln!("freed {:?} after the holder was {what}", since.elapsed());
+    if other.capabilities().fencing_tokens() {
+        assert!(
+            g.token().0 > holder_token,
+            "token {} after the {what} holder's {holder_token}",
+            g.token()
+        );
+    }
+    g
+}
+
+async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
+    let name = cx.name("killed");
+    let holder = HolderProcess::spawn(&name, None).await;
+    let (mut child, child_token) = (holder.child, holder.token);
     let other = cx.client().await;
     assert!(
         other.try_lock(&name).await.unwrap().is_none(),
@@ -1098,19 +1151,7 @@ async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
     // SIGKILL: no release, no session close, no lease revoke. Only the lease can free it.
     child.start_kill().expect("kill the holder");
     let _ = child.wait().await;
-    let killed = Instant::now();
-    let g = other
-        .lock(&name, Duration::from_secs(60))
-        .await
-        .expect("the lock of a killed holder was never freed");
-    eprintln!("freed {:?} after the holder was killed", killed.elapsed());
-    if other.capabilities().fencing_tokens() {
-        assert!(
-            g.token().0 > child_token,
-            "token {} after the dead holder's {child_token}",
-            g.token()
-        );
-    }
+    let g = take_over(&other, &name, child_token, "killed").await;
     assert!(g.release().await.unwrap());
 }
 
@@ -1129,56 +1170,23 @@ async fn signal(pid: u32, signal: &str) {
 /// lock, a new holder gets a greater token, and when the old holder runs again its guard says
 /// lost and its late release does not free the new holder's lock.
 async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx: Ctx) {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let name = cx.name("paused");
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut child = tokio::process::Command::new(exe)
-        .env(crate::runner::HOLDER_CHILD_ENV, &name)
-        .env(crate::runner::HOLDER_MODE_ENV, "check")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the holder process");
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let mut next_line = async |what: &str| {
-        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("the holder process did not {what} within 30 s"))
-            .expect("read the holder's stdout")
-            .unwrap_or_else(|| panic!("the holder process exited before it could {what}"))
-    };
-    let line = next_line("take the lock").await;
-    let child_token: u64 = line
-        .strip_prefix("HELD ")
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
-    let pid = child.id().expect("the holder process is running");
+    let mut holder = HolderProcess::spawn(&name, Some("check")).await;
+    let child_token = holder.token;
+    let mut stdin = holder.child.stdin.take().expect("piped stdin");
+    let pid = holder.child.id().expect("the holder process is running");
     let other = cx.client().await;
     assert!(
         other.try_lock(&name).await.unwrap().is_none(),
         "the holder process does not hold it"
     );
     signal(pid, "STOP").await;
-    let paused = Instant::now();
-    let g = other
-        .lock(&name, Duration::from_secs(60))
-        .await
-        .expect("the lock of a paused holder was never freed");
-    eprintln!("freed {:?} after the holder was paused", paused.elapsed());
-    if other.capabilities().fencing_tokens() {
-        assert!(
-            g.token().0 > child_token,
-            "token {} after the paused holder's {child_token}",
-            g.token()
-        );
-    }
+    let g = take_over(&other, &name, child_token, "paused").await;
     signal(pid, "CONT").await;
     stdin.write_all(b"CHECK\n").await.expect("ask the holder");
     stdin.flush().await.expect("ask the holder");
-    let line = next_line("report after the pause").await;
+    let line = holder.next_line("report after the pause").await;
     let report = line
         .strip_prefix("AFTER ")
         .unwrap_or_else(|| panic!("unexpected line from the holder: {line:?}"));
@@ -1191,7 +1199,7 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
         !report.ends_with("release=ok:true"),
         "the resumed holder's release claims it still held the lock: {report}"
     );
-    let _ = child.wait().await;
+    let _ = holder.child.wait().await;
     // Whatever the late release did, the new holder still holds the lock.
     assert!(!g.is_lost(), "the new holder's guard says lost");
     let info = other

@@ -6,7 +6,28 @@ pub mod private;
 use std::time::Duration;
 
 use distlock_redis::redis::{self, AsyncCommands};
-use distlock_redis::{Error, LockName, RedisConfig, Result};
+use std::sync::Arc;
+
+use distlock_redis::{Error, LockName, RedisConfig, RedisLock, Result};
+
+/// A client of the single server.
+pub async fn client() -> Arc<RedisLock> {
+    let config = RedisConfig::from_url(&redis_url()).expect("DISTLOCK_REDIS_URL");
+    Arc::new(
+        RedisLock::connect(config)
+            .await
+            .expect("redis unreachable: run `scripts/services up redis`"),
+    )
+}
+
+/// A name prefix no other test or run uses: `t-<tag>-<pid>-<random>-`.
+pub fn unique(tag: &str) -> String {
+    format!(
+        "t-{tag}-{}-{:08x}-",
+        std::process::id(),
+        distlock_conformance::unique_suffix()
+    )
+}
 
 /// The single server the tests use.
 pub fn redis_url() -> String {
