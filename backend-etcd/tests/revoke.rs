@@ -19,6 +19,28 @@ async fn client() -> Arc<EtcdLock> {
     }))
 }
 
+/// Starts `client` waiting (30 s) for `name` and returns once its entry is queued behind the
+/// holder's: two keys under the lock.
+async fn queued_waiter(
+    raw: &etcd_client::Client,
+    client: &Arc<EtcdLock>,
+    name: &str,
+) -> tokio::task::JoinHandle<distlock_etcd::Result<distlock_etcd::LockGuard>> {
+    let waiter = {
+        let (client, name) = (client.clone(), name.to_string());
+        tokio::spawn(async move { client.lock(&name, Duration::from_secs(30)).await })
+    };
+    let queued = Instant::now();
+    while common::keys_under(raw, name).await.len() < 2 {
+        assert!(
+            queued.elapsed() < Duration::from_secs(5),
+            "waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiter
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_lease_fires_lost_and_the_next_waiter_acquires() {
     if common::skip() {
@@ -33,19 +55,8 @@ async fn revoked_lease_fires_lost_and_the_next_waiter_acquires() {
     let g = a.try_lock(&name).await.unwrap().expect("free");
     assert_eq!(g.ttl(), ttl, "a grant reports the lease the server granted");
     let lost = g.lost();
-    let waiter = {
-        let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.lock(&name, Duration::from_secs(30)).await })
-    };
     // The waiter is queued behind the holder: two keys under the lock.
-    let queued = Instant::now();
-    while common::keys_under(&raw, &name).await.len() < 2 {
-        assert!(
-            queued.elapsed() < Duration::from_secs(5),
-            "waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiter = queued_waiter(&raw, &b, &name).await;
 
     let old_lease = a.lease_id().expect("live lease");
     let revoked_at = Instant::now();
@@ -116,18 +127,7 @@ async fn close_revokes_the_lease_fires_lost_and_frees_the_locks() {
     // A waiter of the closing client, queued behind another client's lock.
     let busy = format!("{name}busy");
     let held = b.try_lock(&busy).await.unwrap().expect("free");
-    let waiter = {
-        let (a, busy) = (a.clone(), busy.clone());
-        tokio::spawn(async move { a.lock(&busy, Duration::from_secs(30)).await })
-    };
-    let queued = Instant::now();
-    while common::keys_under(&raw, &busy).await.len() < 2 {
-        assert!(
-            queued.elapsed() < Duration::from_secs(5),
-            "waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiter = queued_waiter(&raw, &a, &busy).await;
     let lease = a.lease_id().expect("live lease");
     a.close().await.expect("close");
     let e = tokio::time::timeout(Duration::from_secs(2), waiter)
@@ -185,18 +185,7 @@ async fn waiter_whose_lease_is_revoked_gives_up_promptly() {
     let (a, b) = (client().await, client().await);
     let name = common::unique("waitrev");
     let g = a.try_lock(&name).await.unwrap().expect("free");
-    let waiter = {
-        let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.lock(&name, Duration::from_secs(30)).await })
-    };
-    let queued = Instant::now();
-    while common::keys_under(&raw, &name).await.len() < 2 {
-        assert!(
-            queued.elapsed() < Duration::from_secs(5),
-            "waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiter = queued_waiter(&raw, &b, &name).await;
     let revoked_at = Instant::now();
     raw.lease_client()
         .revoke(b.lease_id().expect("live lease"))

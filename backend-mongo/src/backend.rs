@@ -194,13 +194,10 @@ impl MongoLock {
             timeout: self.operation_timeout,
         };
         let (locks, timeout) = (self.locks.clone(), self.operation_timeout);
-        wait::detached(async move { job.run().await }, move |grant| {
-            let locks = locks.clone();
-            async move {
-                // Nobody holds a guard for this grant: give it back rather than let it block
-                // others until its lease runs out.
-                let _ = release_grant(&locks, timeout, &grant).await;
-            }
+        wait::detached(async move { job.run().await }, move |grant| async move {
+            // Nobody holds a guard for this grant: give it back rather than let it block
+            // others until its lease runs out.
+            let _ = release_grant(&locks, timeout, &grant).await;
         })
         .await
     }

@@ -1,6 +1,8 @@
 //! The shared conformance suite against a MongoDB server (`DISTLOCK_MONGO_URL`, default
 //! `mongodb://127.0.0.1:27017`).
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,18 +98,11 @@ impl distlock_conformance::Harness for Mongo {
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
         // Any document of this run that still names an owner, live or expired: a release
         // clears the owner, and so does the release of a guard that outlived its lease.
-        let escaped: String = prefix
-            .chars()
-            .flat_map(|c| {
-                let special = "\\^$.|?*+()[]{}-/".contains(c);
-                special.then_some('\\').into_iter().chain([c])
-            })
-            .collect();
         let docs: Vec<Document> = self
             .raw()
             .await?
             .find(doc! {
-                "_id": { "$regex": format!("^{escaped}") },
+                "_id": { "$regex": common::prefix_regex(prefix) },
                 fields::OWNER: { "$ne": Bson::Null },
             })
             .await

@@ -5,6 +5,8 @@
 //! Uses the server at `DISTLOCK_MONGO_URL` (default `mongodb://127.0.0.1:27017`), except the
 //! restart test, which starts a private `secantusd-rs` on a port of its own.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -43,15 +45,8 @@ async fn client(url: &str, owner: &str) -> Arc<MongoLock> {
 
 /// The lock documents whose `_id` starts with `prefix`.
 async fn documents(lock: &MongoLock, prefix: &str) -> Vec<Document> {
-    let escaped: String = prefix
-        .chars()
-        .flat_map(|c| {
-            let special = "\\^$.|?*+()[]{}-/".contains(c);
-            special.then_some('\\').into_iter().chain([c])
-        })
-        .collect();
     lock.collection()
-        .find(doc! { "_id": { "$regex": format!("^{escaped}") } })
+        .find(doc! { "_id": { "$regex": common::prefix_regex(prefix) } })
         .await
         .unwrap()
         .try_collect()

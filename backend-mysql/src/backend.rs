@@ -188,12 +188,12 @@ impl MysqlLock {
     async fn attempt_detached(&self, req: &AcquireRequest) -> Result<Attempt> {
         let (inner, giver) = (self.inner.clone(), self.inner.clone());
         let req = req.clone();
-        wait::detached(async move { inner.attempt(&req).await }, move |orphan| {
-            let inner = giver.clone();
-            async move {
-                let _ = inner.release(&orphan).await;
-            }
-        })
+        wait::detached(
+            async move { inner.attempt(&req).await },
+            move |orphan| async move {
+                let _ = giver.release(&orphan).await;
+            },
+        )
         .await
     }
 }

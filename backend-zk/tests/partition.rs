@@ -18,6 +18,20 @@ fn url() -> String {
     std::env::var("DISTLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into())
 }
 
+/// A proxy in front of the first server, with a config (of `SESSION`) straight to the server
+/// and one through the proxy.
+async fn behind_proxy() -> (ZkConfig, Proxy, ZkConfig) {
+    let direct = ZkConfig::from_url(&url())
+        .and_then(|c| c.session_timeout(SESSION))
+        .unwrap();
+    let upstream = direct.hosts().split(',').next().unwrap().to_string();
+    let proxy = Proxy::start(upstream).await;
+    let proxied = ZkConfig::from_url(&proxy.url())
+        .and_then(|c| c.session_timeout(SESSION))
+        .unwrap();
+    (direct, proxy, proxied)
+}
+
 /// Forwards loopback connections to the ZooKeeper server. When `cut`, it swallows every byte
 /// both ways on every connection it has or accepts, like a partition that drops packets; when
 /// `muted`, it forwards requests but swallows the answers. A connection that lost bytes is
@@ -104,15 +118,8 @@ async fn pipe(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_holder_is_lost_before_anyone_else_acquires() {
-    let direct = ZkConfig::from_url(&url())
-        .and_then(|c| c.session_timeout(SESSION))
-        .unwrap();
-    let upstream = direct.hosts().split(',').next().unwrap().to_string();
-    let proxy = Proxy::start(upstream).await;
-    let proxied = ZkConfig::from_url(&proxy.url())
-        .and_then(|c| c.session_timeout(SESSION))
-        .and_then(|c| c.connect_timeout(Duration::from_secs(1)))
-        .unwrap();
+    let (direct, proxy, proxied) = behind_proxy().await;
+    let proxied = proxied.connect_timeout(Duration::from_secs(1)).unwrap();
     let holder = Arc::new(
         ZkLock::connect(proxied)
             .await
@@ -202,14 +209,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_whose_answer_is_lost_leaves_no_orphan() {
-    let direct = ZkConfig::from_url(&url())
-        .and_then(|c| c.session_timeout(SESSION))
-        .unwrap();
-    let upstream = direct.hosts().split(',').next().unwrap().to_string();
-    let proxy = Proxy::start(upstream).await;
-    let proxied = ZkConfig::from_url(&proxy.url())
-        .and_then(|c| c.session_timeout(SESSION))
-        .unwrap();
+    let (direct, proxy, proxied) = behind_proxy().await;
     let contender = Arc::new(
         ZkLock::connect(proxied)
             .await

@@ -46,27 +46,19 @@ pub(crate) async fn keys_under(raw: &etcd_client::Client, name_prefix: &str) -> 
     let dir = config().lock_dir(&LockName::new(name_prefix).expect("valid name prefix"));
     // The directory of the name itself ends in "/"; without it, it covers every name that
     // starts with the prefix.
-    let range = dir.strip_suffix('/').unwrap_or(&dir).to_string();
-    let resp = raw
-        .kv_client()
-        .get(
-            range,
-            Some(GetOptions::new().with_prefix().with_keys_only()),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("listing keys: {e}"));
-    resp.kvs()
-        .iter()
-        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
-        .collect()
+    keys_with_prefix(raw, dir.strip_suffix('/').unwrap_or(&dir)).await
 }
 
 /// The entry keys of lock `name`, holder and waiters.
 pub(crate) async fn entries_of(raw: &etcd_client::Client, name: &LockName) -> Vec<String> {
+    keys_with_prefix(raw, &config().lock_dir(name)).await
+}
+
+async fn keys_with_prefix(raw: &etcd_client::Client, prefix: &str) -> Vec<String> {
     let resp = raw
         .kv_client()
         .get(
-            config().lock_dir(name),
+            prefix,
             Some(GetOptions::new().with_prefix().with_keys_only()),
         )
         .await
