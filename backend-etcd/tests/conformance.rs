@@ -54,6 +54,16 @@ impl distlock_conformance::Harness for Etcd {
         Ok(client)
     }
 
+    fn upstreams(&self) -> Vec<String> {
+        distlock_conformance::hosts_of(&common::url())
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let url = distlock_conformance::reroute(&common::url(), &self.upstreams(), addrs);
+        let config = EtcdConfig::from_url(&url)?.lease_ttl(common::SHORT_TTL)?;
+        Ok(Arc::new(EtcdLock::connect(config).await?))
+    }
+
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let config = EtcdConfig::from_url("etcd://127.0.0.1:1")
             .and_then(|c| c.connect_timeout(self.connect_timeout()));

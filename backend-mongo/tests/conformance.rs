@@ -3,6 +3,7 @@
 
 mod common;
 
+use distlock_conformance::Harness as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,11 @@ impl Mongo {
             url: std::env::var("DISTLOCK_MONGO_URL")
                 .unwrap_or_else(|_| "mongodb://127.0.0.1:27017".to_string()),
         }
+    }
+
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = MongoConfig::from_url(url)?.default_ttl(self.short_ttl())?;
+        Ok(Arc::new(MongoLock::connect(config).await?))
     }
 
     /// A plain driver handle on the lock collection, separate from every lock client: what an
@@ -48,8 +54,29 @@ impl distlock_conformance::Harness for Mongo {
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        let config = MongoConfig::from_url(&self.url)?.default_ttl(self.short_ttl())?;
-        Ok(Arc::new(MongoLock::connect(config).await?))
+        self.client_at(&self.url).await
+    }
+
+    fn upstreams(&self) -> Vec<String> {
+        distlock_conformance::hosts_of(&self.url)
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let mut url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
+        // Without it the driver learns the server's own address from its handshake and
+        // connects there, around the proxy.
+        if addrs.len() == 1 && !url.contains("directConnection") {
+            let sep = match (
+                url.contains('?'),
+                url.split_once("://").is_some_and(|(_, r)| r.contains('/')),
+            ) {
+                (true, _) => "&",
+                (false, true) => "?",
+                (false, false) => "/?",
+            };
+            url = format!("{url}{sep}directConnection=true");
+        }
+        self.client_at(&url).await
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {

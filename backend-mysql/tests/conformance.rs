@@ -1,6 +1,7 @@
 //! The shared conformance suite against a real MySQL/MariaDB server
 //! (`DISTLOCK_MYSQL_URL`, default `mysql://distlock:distlock@127.0.0.1:3306/distlock`).
 
+use distlock_conformance::Harness as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,15 @@ impl Mysql {
 
     fn config(&self) -> Result<MysqlConfig> {
         MysqlConfig::from_url(&self.url)
+    }
+
+    /// A suite client of the server at `url`. Every suite client also runs a fast sweeper, so
+    /// the sweeper races every case.
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = MysqlConfig::from_url(url)?
+            .default_ttl(self.short_ttl())
+            .sweep_interval(Some(Duration::from_millis(250)));
+        Ok(Arc::new(MysqlLock::connect(config).await?))
     }
 
     /// A connection of its own, outside any client's pool: what an operator would use.
@@ -56,12 +66,16 @@ impl distlock_conformance::Harness for Mysql {
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        // Every suite client also runs a fast sweeper, so the sweeper races every case.
-        let config = self
-            .config()?
-            .default_ttl(self.short_ttl())
-            .sweep_interval(Some(Duration::from_millis(250)));
-        Ok(Arc::new(MysqlLock::connect(config).await?))
+        self.client_at(&self.url).await
+    }
+
+    fn upstreams(&self) -> Vec<String> {
+        distlock_conformance::hosts_of(&self.url)
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
+        self.client_at(&url).await
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {

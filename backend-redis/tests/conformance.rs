@@ -41,6 +41,16 @@ impl Harness for Redis {
         Ok(Arc::new(RedisLock::connect(config).await?))
     }
 
+    fn upstreams(&self) -> Vec<String> {
+        distlock_conformance::hosts_of(&self.url)
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
+        let config = RedisConfig::from_url(&url)?.default_ttl(self.short_ttl());
+        Ok(Arc::new(RedisLock::connect(config).await?))
+    }
+
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let connect = async {
             let config = RedisConfig::from_url("redis://127.0.0.1:1")?

@@ -47,6 +47,22 @@ impl Harness for RedLockHarness {
         Ok(Arc::new(RedLock::connect(config).await?))
     }
 
+    fn upstreams(&self) -> Vec<String> {
+        self.each()
+            .flat_map(distlock_conformance::hosts_of)
+            .collect()
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let from = self.upstreams();
+        let urls: Vec<String> = self
+            .each()
+            .map(|url| distlock_conformance::reroute(url, &from, addrs))
+            .collect();
+        let config = RedLockConfig::from_url(&urls.join(","))?.default_ttl(self.short_ttl());
+        Ok(Arc::new(RedLock::connect(config).await?))
+    }
+
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let connect = async {
             let config = RedLockConfig::from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")?

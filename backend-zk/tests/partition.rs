@@ -3,13 +3,11 @@
 //! have it, `lost()` fires once the disconnection outlasts the session timeout, and after the
 //! partition heals the client works again in a new session.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_conformance::Proxy;
 use distlock_zk::{DistributedLock, LockExt, LostReason, ZkConfig, ZkLock};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 const SESSION: Duration = Duration::from_secs(1);
 const BOUND: Duration = Duration::from_secs(10);
@@ -26,94 +24,10 @@ async fn behind_proxy() -> (ZkConfig, Proxy, ZkConfig) {
         .unwrap();
     let upstream = direct.hosts().split(',').next().unwrap().to_string();
     let proxy = Proxy::start(upstream).await;
-    let proxied = ZkConfig::from_url(&proxy.url())
+    let proxied = ZkConfig::from_url(&format!("zk://{}", proxy.addr()))
         .and_then(|c| c.session_timeout(SESSION))
         .unwrap();
     (direct, proxy, proxied)
-}
-
-/// Forwards loopback connections to the ZooKeeper server. When `cut`, it swallows every byte
-/// both ways on every connection it has or accepts, like a partition that drops packets; when
-/// `muted`, it forwards requests but swallows the answers. A connection that lost bytes is
-/// never resumed (its stream would be corrupt).
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    muted: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        // A port of our own in 20000..=20999, as the project's test rules ask.
-        let first = std::process::id() % 1000;
-        let mut listener = None;
-        for i in 0..1000 {
-            let port = 20000 + (first + i) % 1000;
-            if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)).await {
-                listener = Some(l);
-                break;
-            }
-        }
-        let listener = listener.expect("no free port in 20000..=20999");
-        let port = listener.local_addr().unwrap().port();
-        let (cut, muted) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let task = {
-            let (cut, muted) = (cut.clone(), muted.clone());
-            tokio::spawn(async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let Ok(server) = TcpStream::connect(&upstream).await else {
-                        continue;
-                    };
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    let never = Arc::new(AtomicBool::new(false));
-                    tokio::spawn(pipe(cr, sw, cut.clone(), never));
-                    tokio::spawn(pipe(sr, cw, cut.clone(), muted.clone()));
-                }
-            })
-        };
-        Proxy {
-            port,
-            cut,
-            muted,
-            task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Copies `from` to `to` until `cut` (or `muted`) is seen, then swallows the rest.
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    cut: Arc<AtomicBool>,
-    muted: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut poisoned = cut.load(Ordering::SeqCst);
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        poisoned |= cut.load(Ordering::SeqCst) || muted.load(Ordering::SeqCst);
-        if !poisoned && to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +59,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires() {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let cut_at = Instant::now();
-    proxy.cut.store(true, Ordering::SeqCst);
+    proxy.cut();
     let reason = tokio::time::timeout(BOUND, lost)
         .await
         .expect("lost() did not fire while partitioned");
@@ -179,7 +93,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires() {
     );
 
     // Heal: the holder's client gets a new session and works again.
-    proxy.cut.store(false, Ordering::SeqCst);
+    proxy.heal();
     assert!(!g.release().await.unwrap_or(false));
     let renewed_by = Instant::now() + BOUND;
     while holder.session_id() == old_session {
@@ -229,7 +143,7 @@ async fn create_whose_answer_is_lost_leaves_no_orphan() {
 
     // The contender's create reaches the server, its answer never comes back: the client sees
     // a connection loss, reconnects, and must find the node it made instead of making another.
-    proxy.muted.store(true, Ordering::SeqCst);
+    proxy.mute(true);
     let waiting = {
         let (contender, name) = (contender.clone(), name.clone());
         tokio::spawn(async move { contender.lock(&name, Duration::from_secs(30)).await })
@@ -242,7 +156,7 @@ async fn create_whose_answer_is_lost_leaves_no_orphan() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    proxy.muted.store(false, Ordering::SeqCst);
+    proxy.mute(false);
     // Long enough for the lost answer to be noticed and the queue re-read.
     tokio::time::sleep(SESSION).await;
     let nodes = queue().await;

@@ -10,6 +10,7 @@ use distlock_api::{
 };
 use futures::future::join_all;
 
+use crate::proxy::Proxy;
 use crate::runner::{Case, CaseFuture, Ctx};
 
 type Gate = Result<(), &'static str>;
@@ -107,6 +108,7 @@ cases! {
     mutual_exclusion_under_contention: always,
     killed_holder_process_frees_the_lock_after_its_lease: remote,
     paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it: remote,
+    partitioned_holder_is_lost_before_anyone_else_acquires: remote,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1209,4 +1211,114 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
         .expect("the late release freed the new holder's lock");
     assert_eq!(&info.owner, other.core().owner());
     assert!(g.release().await.unwrap());
+}
+
+/// A holder cut off from its server(s) by a partition (a loopback proxy that drops every byte)
+/// while its process runs on: its guard reports lost, and its safe-until has passed before the
+/// server lets another client have the lock, which gets a greater token. Once the partition
+/// heals, the old holder's late release neither claims the lock nor frees it, and the old
+/// client works again.
+async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
+    let h = cx.harness();
+    let upstreams = h.upstreams();
+    assert!(
+        !upstreams.is_empty(),
+        "the {} harness names no server address to cut",
+        h.backend()
+    );
+    let mut proxies = Vec::new();
+    for upstream in upstreams {
+        proxies.push(Proxy::start(upstream).await);
+    }
+    let addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+    let holder = h
+        .client_via(&addrs)
+        .await
+        .unwrap_or_else(|e| panic!("a {} client through a proxy: {e}", h.backend()));
+    let other = cx.client().await;
+    let name = cx.name("partitioned");
+    let g = holder.lock(&name, LONG_WAIT).await.unwrap();
+    let first = g.token();
+    let lost = g.lost();
+    // Renewals go through the proxy before the cut.
+    tokio::time::sleep(h.short_ttl()).await;
+    assert!(!g.is_lost(), "lost before the cut: {:?}", g.lost_reason());
+    let waiting = {
+        let (other, name) = (other.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = other.lock(&name, Duration::from_secs(60)).await;
+            (Instant::now(), g)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let cut_at = Instant::now();
+    for p in &proxies {
+        p.cut();
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(60), lost)
+        .await
+        .expect("lost() did not fire while the holder was cut off");
+    let lost_after = cut_at.elapsed();
+    assert_ne!(reason, LostReason::Released);
+    let (acquired_at, g2) = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the server never freed the cut-off holder's lock")
+        .expect("waiter task");
+    let g2 = g2.expect("the other client's acquire");
+    if other.capabilities().fencing_tokens() {
+        assert!(
+            g2.token() > first,
+            "token {} after the cut-off holder's {first}",
+            g2.token()
+        );
+    }
+    // The safety promise: the holder stops claiming the lock before anyone else has it.
+    let until = g.safe_until().expect("a leased grant has a safe-until");
+    assert!(
+        until <= acquired_at,
+        "the cut-off holder could claim the lock {:?} after another client acquired it",
+        until - acquired_at
+    );
+    assert!(g.is_lost());
+    eprintln!(
+        "cut at 0: the holder's safe-until {:?}, lost() {lost_after:?} ({reason}), the other \
+         client acquired {:?}",
+        until.saturating_duration_since(cut_at),
+        acquired_at.saturating_duration_since(cut_at)
+    );
+
+    for p in &proxies {
+        p.heal();
+    }
+    let late = tokio::time::timeout(Duration::from_secs(30), g.release())
+        .await
+        .expect("the old holder's release hung after the partition healed");
+    assert!(
+        !matches!(late, Ok(true)),
+        "the old holder's late release claims it still held the lock"
+    );
+    assert!(!g2.is_lost(), "the new holder's guard says lost");
+    let info = other
+        .holder(&name)
+        .await
+        .unwrap()
+        .expect("the late release freed the new holder's lock");
+    assert_eq!(&info.owner, other.core().owner());
+
+    // The healed client recovers: a fresh lock works within a bound, errors on the way allowed
+    // (connections that were cut end and are made anew).
+    let fresh = cx.name("partitioned-healed");
+    let by = Instant::now() + Duration::from_secs(30);
+    let g3 = loop {
+        match tokio::time::timeout(Duration::from_secs(5), holder.lock(&fresh, LONG_WAIT)).await {
+            Ok(Ok(g3)) => break g3,
+            outcome if Instant::now() >= by => {
+                panic!("the old client did not recover after the partition healed: {outcome:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert!(g3.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
 }

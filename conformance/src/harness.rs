@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{Capabilities, DistributedLock, LockName, Result};
+use distlock_api::{Capabilities, DistributedLock, Error, ErrorKind, LockName, Result};
 
 /// A backend under test. Creating the harness does no I/O (the runner lists the cases and gates
 /// them by [`capabilities`](Harness::capabilities) before any server is touched); every case
@@ -33,6 +33,24 @@ pub trait Harness: Send + Sync + 'static {
     /// connect timeout; `None` for backends without a server. Building it may itself fail with
     /// `Unavailable`: the suite accepts either place.
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>>;
+
+    /// The addresses (`host:port`) of the servers this backend's clients connect to, in the
+    /// order [`client_via`](Harness::client_via) takes their stand-ins. Empty for backends
+    /// without a server.
+    fn upstreams(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// A client like [`client`](Harness::client) whose connections go to `addrs` instead of
+    /// [`upstreams`](Harness::upstreams), one stand-in per server, in the same order: the
+    /// partition cases put a [`Proxy`](crate::Proxy) there.
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let _ = addrs;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this harness cannot route a client through another address",
+        ))
+    }
 
     /// The connect timeout `unreachable_client` is configured with.
     fn connect_timeout(&self) -> Duration {

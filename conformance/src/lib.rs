@@ -15,7 +15,9 @@
 
 pub mod cases;
 mod harness;
+mod proxy;
 mod runner;
 
 pub use harness::Harness;
+pub use proxy::{hosts_of, reroute, Proxy};
 pub use runner::{run, skipped_by_env, unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};

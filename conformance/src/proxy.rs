@@ -1,0 +1,209 @@
+//! A loopback TCP proxy that can cut a client off from its server, as a network partition
+//! would, without touching the server or any other client.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// Forwards loopback connections to one upstream server.
+///
+/// - [`cut`](Proxy::cut): every byte, both ways, on every connection it has or accepts is
+///   swallowed, like a partition that drops packets. Nothing is closed or reset: the client
+///   only learns of the cut from its own timeouts.
+/// - [`mute`](Proxy::mute): requests still reach the server, answers are swallowed.
+/// - [`heal`](Proxy::heal): new connections flow again. A connection that lost bytes can
+///   never be resumed (its stream would be corrupt), so those are closed, as a stateful
+///   firewall would drop them; the client sees them end and reconnects.
+pub struct Proxy {
+    port: u16,
+    flags: Arc<Flags>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Flags {
+    cut: AtomicBool,
+    muted: AtomicBool,
+    healed: Notify,
+}
+
+impl Proxy {
+    /// Starts a proxy to `upstream` (`host:port`) on a free loopback port in 20000..=20999.
+    pub async fn start(upstream: impl Into<String>) -> Proxy {
+        let upstream = upstream.into();
+        let first = std::process::id() % 1000;
+        let mut listener = None;
+        for i in 0..1000 {
+            let port = 20000 + (first + i) % 1000;
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)).await {
+                listener = Some(l);
+                break;
+            }
+        }
+        let listener = listener.expect("no free loopback port in 20000..=20999 for a proxy");
+        let port = listener.local_addr().expect("bound address").port();
+        let flags = Arc::new(Flags {
+            cut: AtomicBool::new(false),
+            muted: AtomicBool::new(false),
+            healed: Notify::new(),
+        });
+        let task = {
+            let flags = flags.clone();
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = TcpStream::connect(&upstream).await else {
+                        continue;
+                    };
+                    let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pipe(cr, sw, flags.clone(), false));
+                    tokio::spawn(pipe(sr, cw, flags.clone(), true));
+                }
+            })
+        };
+        Proxy { port, flags, task }
+    }
+
+    /// The proxy's address, `127.0.0.1:port`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts swallowing everything, both ways.
+    pub fn cut(&self) {
+        self.flags.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Starts or stops swallowing the server's answers only.
+    pub fn mute(&self, muted: bool) {
+        self.flags.muted.store(muted, Ordering::SeqCst);
+    }
+
+    /// Ends a cut: connections that lost bytes are closed, new ones are forwarded.
+    pub fn heal(&self) {
+        self.flags.cut.store(false, Ordering::SeqCst);
+        self.flags.muted.store(false, Ordering::SeqCst);
+        self.flags.healed.notify_waiters();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` until a cut (or, for answers, a mute) is seen, then swallows the rest
+/// until the proxy heals, when it ends and so closes both halves.
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, flags: Arc<Flags>, answers: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut poisoned = flags.cut.load(Ordering::SeqCst);
+    loop {
+        let healed = flags.healed.notified();
+        tokio::pin!(healed);
+        healed.as_mut().enable();
+        let read = tokio::select! {
+            r = from.read(&mut buf) => r,
+            _ = healed, if poisoned => return,
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        poisoned |=
+            flags.cut.load(Ordering::SeqCst) || (answers && flags.muted.load(Ordering::SeqCst));
+        if !poisoned && to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The `host:port` servers a connection URL names: what sits between `scheme://` (and any
+/// `user:password@`) and the first `/` or `?`, split at commas. `etcd://a:1,b:2/x` gives
+/// `["a:1", "b:2"]`.
+pub fn hosts_of(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `url` with each of `from` (as [`hosts_of`] gives them) replaced by the stand-in at the same
+/// place in `to`.
+pub fn reroute(url: &str, from: &[String], to: &[String]) -> String {
+    assert_eq!(from.len(), to.len(), "one stand-in per server");
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .map(|h| {
+            let h = h.trim();
+            from.iter()
+                .position(|f| f == h)
+                .map_or_else(|| h.to_string(), |i| to[i].clone())
+        })
+        .collect();
+    let scheme = if scheme.is_empty() {
+        String::new()
+    } else {
+        format!("{scheme}://")
+    };
+    format!("{scheme}{user}{}{tail}", hosts.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_skips_scheme_user_and_path() {
+        assert_eq!(hosts_of("redis://127.0.0.1:6379"), ["127.0.0.1:6379"]);
+        assert_eq!(
+            hosts_of("mysql://u:p@w@127.0.0.1:3306/db?x=1"),
+            ["127.0.0.1:3306"]
+        );
+        assert_eq!(
+            hosts_of("etcd://a:1, b:2/prefix"),
+            ["a:1".to_string(), "b:2".to_string()]
+        );
+        assert_eq!(hosts_of("zk://h:2181"), ["h:2181"]);
+    }
+
+    #[test]
+    fn reroute_replaces_each_server_in_place() {
+        let from = hosts_of("mysql://u:p@127.0.0.1:3306/db");
+        assert_eq!(
+            reroute(
+                "mysql://u:p@127.0.0.1:3306/db",
+                &from,
+                &["127.0.0.1:20001".into()]
+            ),
+            "mysql://u:p@127.0.0.1:20001/db"
+        );
+        let from = hosts_of("etcd://a:1,b:2/x");
+        assert_eq!(
+            reroute("etcd://a:1,b:2/x", &from, &["p:1".into(), "p:2".into()]),
+            "etcd://p:1,p:2/x"
+        );
+    }
+}
