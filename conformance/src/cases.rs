@@ -109,6 +109,7 @@ cases! {
     killed_holder_process_frees_the_lock_after_its_lease: remote,
     paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it: remote,
     partitioned_holder_is_lost_before_anyone_else_acquires: remote,
+    waiter_outlives_a_server_outage_and_leaves_nothing_behind: remote,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1219,22 +1220,9 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
 /// heals, the old holder's late release neither claims the lock nor frees it, and the old
 /// client works again.
 async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
+    let (proxies, addrs) = proxies_for(&cx).await;
+    let holder = client_via(&cx, &addrs).await;
     let h = cx.harness();
-    let upstreams = h.upstreams();
-    assert!(
-        !upstreams.is_empty(),
-        "the {} harness names no server address to cut",
-        h.backend()
-    );
-    let mut proxies = Vec::new();
-    for upstream in upstreams {
-        proxies.push(Proxy::start(upstream).await);
-    }
-    let addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
-    let holder = h
-        .client_via(&addrs)
-        .await
-        .unwrap_or_else(|e| panic!("a {} client through a proxy: {e}", h.backend()));
     let other = cx.client().await;
     let name = cx.name("partitioned");
     let g = holder.lock(&name, LONG_WAIT).await.unwrap();
@@ -1321,4 +1309,117 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
     };
     assert!(g3.release().await.unwrap());
     assert!(g2.release().await.unwrap());
+}
+
+/// The proxies in front of every server of `cx`'s backend, and their addresses.
+async fn proxies_for(cx: &Ctx) -> (Vec<Proxy>, Vec<String>) {
+    let h = cx.harness();
+    let upstreams = h.upstreams();
+    assert!(
+        !upstreams.is_empty(),
+        "the {} harness names no server address to cut",
+        h.backend()
+    );
+    let mut proxies = Vec::new();
+    for upstream in upstreams {
+        proxies.push(Proxy::start(upstream).await);
+    }
+    let addrs = proxies.iter().map(Proxy::addr).collect();
+    (proxies, addrs)
+}
+
+/// A client of `cx`'s backend through the proxies at `addrs`.
+async fn client_via(cx: &Ctx, addrs: &[String]) -> Arc<dyn DistributedLock> {
+    let h = cx.harness();
+    h.client_via(addrs)
+        .await
+        .unwrap_or_else(|e| panic!("a {} client through a proxy: {e}", h.backend()))
+}
+
+/// The server is out of reach of a holder and a queued waiter alike (as if it were paused or
+/// cut off) for longer than the lease, then comes back. The holder's guard reports lost; the
+/// waiter's acquire ends within its bound, either with the lock (a greater token, and nobody
+/// else can have it meanwhile) or with a temporary error; and whichever it was, nothing is left
+/// behind: a third client gets the lock afterwards.
+async fn waiter_outlives_a_server_outage_and_leaves_nothing_behind(cx: Ctx) {
+    const WAIT: Duration = Duration::from_secs(60);
+    let (proxies, addrs) = proxies_for(&cx).await;
+    let holder = client_via(&cx, &addrs).await;
+    let waiter = client_via(&cx, &addrs).await;
+    let third = cx.client().await;
+    let name = cx.name("outage");
+    let g = holder.lock(&name, LONG_WAIT).await.unwrap();
+    let first = g.token();
+    let waiting = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let g = waiter.lock(&name, WAIT).await;
+            (started.elapsed(), g)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter did not wait");
+
+    for p in &proxies {
+        p.cut();
+    }
+    tokio::time::timeout(Duration::from_secs(60), g.lost())
+        .await
+        .expect("the holder's guard never said lost while the server was out of reach");
+    // Past the holder's lease as the server counts it, too.
+    tokio::time::sleep(cx.harness().short_ttl() + Duration::from_millis(500)).await;
+    for p in &proxies {
+        p.heal();
+    }
+
+    let (took, outcome) = tokio::time::timeout(WAIT + Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter's acquire outran its wait bound")
+        .expect("waiter task");
+    eprintln!(
+        "the waiter's acquire ended after {took:?}: {}",
+        match &outcome {
+            Ok(g2) => format!("granted, token {}", g2.token()),
+            Err(e) => format!("error: {e}"),
+        }
+    );
+    assert!(g.is_lost());
+    let late = tokio::time::timeout(Duration::from_secs(30), g.release())
+        .await
+        .expect("the old holder's release hung after the outage");
+    assert!(
+        !matches!(late, Ok(true)),
+        "the old holder's release claims it held the lock through the outage"
+    );
+    match outcome {
+        Ok(g2) => {
+            if waiter.capabilities().fencing_tokens() {
+                assert!(g2.token() > first, "token {} after {first}", g2.token());
+            }
+            assert!(
+                third.try_lock(&name).await.unwrap().is_none(),
+                "a third client got the lock the waiter was granted"
+            );
+            assert!(
+                tokio::time::timeout(Duration::from_secs(30), g2.release())
+                    .await
+                    .expect("the waiter's release hung")
+                    .unwrap(),
+                "the waiter's grant was not held at release"
+            );
+        }
+        Err(e) => assert!(
+            e.is_temporary(),
+            "the waiter failed with a permanent error after a passing outage: {e}"
+        ),
+    }
+    let g3 = tokio::time::timeout(Duration::from_secs(30), third.lock(&name, WAIT))
+        .await
+        .expect("the lock stayed taken after the outage: something was left behind")
+        .unwrap();
+    if third.capabilities().fencing_tokens() {
+        assert!(g3.token() > first);
+    }
+    assert!(g3.release().await.unwrap());
 }
