@@ -1166,6 +1166,17 @@ async fn killed_holder_process_frees_the_lock_after_its_lease(cx: Ctx) {
     assert!(g.release().await.unwrap());
 }
 
+/// After an old holder's late release: `other`'s guard `g` still holds `name`.
+async fn new_holder_still_holds(other: &Arc<dyn DistributedLock>, name: &str, g: &LockGuard) {
+    assert!(!g.is_lost(), "the new holder's guard says lost");
+    let info = other
+        .holder(name)
+        .await
+        .unwrap()
+        .expect("the late release freed the new holder's lock");
+    assert_eq!(&info.owner, other.core().owner());
+}
+
 /// Sends `signal` (`STOP`, `CONT`) to process `pid`.
 async fn signal(pid: u32, signal: &str) {
     let status = tokio::process::Command::new("kill")
@@ -1212,13 +1223,7 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
     );
     let _ = holder.child.wait().await;
     // Whatever the late release did, the new holder still holds the lock.
-    assert!(!g.is_lost(), "the new holder's guard says lost");
-    let info = other
-        .holder(&name)
-        .await
-        .unwrap()
-        .expect("the late release freed the new holder's lock");
-    assert_eq!(&info.owner, other.core().owner());
+    new_holder_still_holds(&other, &name, &g).await;
     assert!(g.release().await.unwrap());
 }
 
@@ -1294,13 +1299,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
         !matches!(late, Ok(true)),
         "the old holder's late release claims it still held the lock"
     );
-    assert!(!g2.is_lost(), "the new holder's guard says lost");
-    let info = other
-        .holder(&name)
-        .await
-        .unwrap()
-        .expect("the late release freed the new holder's lock");
-    assert_eq!(&info.owner, other.core().owner());
+    new_holder_still_holds(&other, &name, &g2).await;
 
     // The healed client recovers: a fresh lock works within a bound, errors on the way allowed
     // (connections that were cut end and are made anew).
