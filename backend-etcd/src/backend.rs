@@ -31,6 +31,10 @@ use crate::keys;
 use crate::lease::{self, LeaseCell, LeaseInfo};
 use crate::BACKEND;
 
+/// How many locks the watchdog confirms with one transaction (etcd allows 128 operations per
+/// branch by default).
+const RENEW_BATCH: usize = 64;
+
 /// What the etcd backend promises.
 ///
 /// The lease minimum is etcd's with default server settings (1.5 × the 1 s election timeout,
@@ -266,6 +270,21 @@ impl DistributedLock for EtcdLock {
             .renew(grant)
             .await
             .map_err(|e| context(e, &grant.name))
+    }
+
+    fn renew_batch(&self) -> usize {
+        RENEW_BATCH
+    }
+
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        let grants: Vec<Grant> = grants.iter().map(|(g, _)| g.clone()).collect();
+        self.shared
+            .renew_many(&grants)
+            .await
+            .into_iter()
+            .zip(&grants)
+            .map(|(r, g)| r.map_err(|e| context(e, &g.name)))
+            .collect()
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -846,6 +865,86 @@ impl Shared {
     /// Confirms that `grant`'s key still exists with its create-revision while the lease is
     /// alive, and returns how long the lease surely lives on from now.
     async fn renew(self: &Arc<Self>, grant: &Grant) -> Result<Duration> {
+        self.renew_many(std::slice::from_ref(grant))
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result")))
+    }
+
+    /// Confirms `grants` with one transaction: each grant's key must still exist with the
+    /// create revision that is its token. One result per grant, in order.
+    async fn renew_many(self: &Arc<Self>, grants: &[Grant]) -> Vec<Result<Duration>> {
+        let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
+        // (index, lease id, token) of the grants that pass the local checks.
+        let mut asked = Vec::new();
+        for (i, grant) in grants.iter().enumerate() {
+            results.push(match self.renew_locally(grant) {
+                Ok(lease_id) => {
+                    asked.push((i, lease_id, i64::try_from(grant.token.0).unwrap_or(-1)));
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            });
+        }
+        if !asked.is_empty() {
+            let started = Instant::now();
+            let compares: Vec<Compare> = asked
+                .iter()
+                .map(|&(i, _, token)| {
+                    Compare::create_revision(grants[i].key.as_str(), CompareOp::Equal, token)
+                })
+                .collect();
+            // When any compare fails, the answer says which keys are still there.
+            let reads: Vec<TxnOp> = asked
+                .iter()
+                .map(|&(i, _, _)| {
+                    TxnOp::get(
+                        grants[i].key.as_str(),
+                        Some(GetOptions::new().with_keys_only()),
+                    )
+                })
+                .collect();
+            let txn = Txn::new().when(compares).or_else(reads);
+            match self.txn("renewing", txn).await {
+                Ok(resp) if resp.succeeded() => {
+                    for &(i, lease_id, _) in &asked {
+                        results[i] = Some(self.lease_left(&grants[i], lease_id, started));
+                    }
+                }
+                Ok(resp) => {
+                    let answers = resp.op_responses();
+                    for (n, &(i, lease_id, token)) in asked.iter().enumerate() {
+                        let present = matches!(
+                            answers.get(n),
+                            Some(TxnOpResponse::Get(got))
+                                if got.kvs().first().is_some_and(|kv| kv.create_revision() == token)
+                        );
+                        results[i] = Some(if present {
+                            self.lease_left(&grants[i], lease_id, started)
+                        } else {
+                            Err(lost(&grants[i].name, "the lock's key was deleted"))
+                        });
+                    }
+                }
+                Err(e) => {
+                    // Every grant asked gets the failure; the last one the error itself.
+                    let (last, rest) = asked.split_last().expect("asked is not empty");
+                    for &(i, _, _) in rest {
+                        results[i] = Some(Err(Error::new(e.kind(), e.to_string())));
+                    }
+                    results[last.0] = Some(Err(e));
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
+            .collect()
+    }
+
+    /// What renewing `grant` can decide without the server: the lease id backing it, or why it
+    /// no longer holds.
+    fn renew_locally(self: &Arc<Self>, grant: &Grant) -> Result<i64> {
         let not_held = |why: &str| lost(&grant.name, why);
         let Some(slot) = self.slot_of(grant) else {
             return Err(not_held("this client made no such grant"));
@@ -860,16 +959,13 @@ impl Shared {
                 "the client's lease that backed the grant was lost",
             ));
         }
-        let started = Instant::now();
-        let token = i64::try_from(grant.token.0).unwrap_or(-1);
-        let txn = Txn::new().when([Compare::create_revision(
-            grant.key.as_str(),
-            CompareOp::Equal,
-            token,
-        )]);
-        if !self.txn("renewing", txn).await?.succeeded() {
-            return Err(not_held("the lock's key was deleted"));
-        }
+        Ok(lease_id)
+    }
+
+    /// After the server confirmed `grant`'s key: what remains of the lease backing it, counted
+    /// from `started`, when the confirmation was sent.
+    fn lease_left(&self, grant: &Grant, lease_id: i64, started: Instant) -> Result<Duration> {
+        let not_held = |why: &str| lost(&grant.name, why);
         let Some(lease) = self.lease.get(lease_id) else {
             return Err(not_held(
                 "the client's lease that backed the grant was lost",

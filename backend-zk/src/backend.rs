@@ -3,6 +3,7 @@
 //! predecessor.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,8 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// How often an acquire re-creates its queue node after it vanished (removed by an operator)
 /// or retries a create whose answer was lost, before it gives up.
 const MAX_CREATE_ATTEMPTS: u32 = 5;
+/// How many locks the watchdog confirms with one multi-read.
+const RENEW_BATCH: usize = 64;
 
 /// A client of a ZooKeeper ensemble: one session, in which every lock it takes lives.
 ///
@@ -53,6 +56,9 @@ pub(crate) struct Inner {
     base: String,
     session: RwLock<Arc<Session>>,
     holds: Mutex<HashMap<HoldKey, Hold>>,
+    /// Set once the ensemble refused a multi-read (servers before 3.6): renewals then confirm
+    /// each lock with its own request.
+    no_multi_read: AtomicBool,
     /// Dropping it stops the session monitor.
     _stop: oneshot::Sender<()>,
 }
@@ -112,6 +118,7 @@ impl ZkLock {
             base: config.base_path.clone(),
             session: RwLock::new(Arc::new(session)),
             holds: Mutex::new(HashMap::new()),
+            no_multi_read: AtomicBool::new(false),
             _stop: stop,
         });
         tokio::spawn(session::monitor(
@@ -401,6 +408,57 @@ impl ZkLock {
     }
 
     /// The grant's hold, if this client has it: same owner, queue node and token.
+    /// What renewing `grant` can decide without the server: its node's path, or why it no
+    /// longer holds.
+    fn renew_locally(&self, grant: &Grant, s: &Session) -> Result<String> {
+        let Some((path, epoch)) = self.hold_of(grant) else {
+            return Err(lost(
+                &grant.name,
+                "this client does not hold the lock for that grant",
+            )
+            .with_backend("zk"));
+        };
+        if epoch != s.epoch {
+            // Its session was replaced, which fired lost() on its guards already.
+            return Err(lost(
+                &grant.name,
+                "the ZooKeeper session that held the lock ended",
+            )
+            .with_backend("zk"));
+        }
+        if s.is_lost() {
+            return Err(self.session_over(grant, s));
+        }
+        Ok(path)
+    }
+
+    /// The session behind `grant` is over, learnt by a renewal before the session monitor:
+    /// ends it for every guard now, so they all report it as the session's end.
+    fn session_over(&self, grant: &Grant, s: &Session) -> Error {
+        let state = match s.client.state() {
+            zk::SessionState::Closed => "closed",
+            zk::SessionState::AuthFailed => "refused (authentication failed)",
+            _ => "expired",
+        };
+        self.inner
+            .session_ended(s.epoch, &format!("ZooKeeper session {state}"));
+        lost(
+            &grant.name,
+            "the ZooKeeper session that held the lock ended",
+        )
+        .with_backend("zk")
+    }
+
+    /// The renewal's answer for `grant`: its node's `stat`, `None` if the node is gone.
+    fn confirmed(&self, grant: &Grant, s: &Session, stat: Option<&zk::Stat>) -> Result<Duration> {
+        match stat {
+            Some(stat) if stat.czxid as u64 == grant.token.0 && stat.ephemeral_owner == s.id => {
+                Ok(s.timeout)
+            }
+            _ => Err(lost(&grant.name, "the lock's queue node is gone").with_backend("zk")),
+        }
+    }
+
     fn hold_of(&self, grant: &Grant) -> Option<(String, u64)> {
         let holds = lock(&self.inner.holds);
         let h = holds.get(&(grant.name.clone(), grant.owner.clone()))?;
@@ -775,50 +833,97 @@ impl DistributedLock for ZkLock {
 
     async fn renew(&self, grant: &Grant, _ttl: Duration) -> Result<Duration> {
         let s = self.inner.session();
-        let Some((path, epoch)) = self.hold_of(grant) else {
-            return Err(lost(
-                &grant.name,
-                "this client does not hold the lock for that grant",
-            )
-            .with_backend("zk"));
-        };
-        let session_over = || {
-            // Learnt here before the monitor: end the session for every guard now, so they
-            // all report it as the session's end.
-            let state = match s.client.state() {
-                zk::SessionState::Closed => "closed",
-                zk::SessionState::AuthFailed => "refused (authentication failed)",
-                _ => "expired",
-            };
-            self.inner
-                .session_ended(s.epoch, &format!("ZooKeeper session {state}"));
-            lost(
-                &grant.name,
-                "the ZooKeeper session that held the lock ended",
-            )
-            .with_backend("zk")
-        };
-        if epoch != s.epoch {
-            // Its session was replaced, which fired lost() on its guards already.
-            return Err(lost(
-                &grant.name,
-                "the ZooKeeper session that held the lock ended",
-            )
-            .with_backend("zk"));
-        }
-        if s.is_lost() {
-            return Err(session_over());
-        }
+        let path = self.renew_locally(grant, &s)?;
         match s.call(s.client.check_stat(&path)).await {
-            Ok(Some(stat))
-                if stat.czxid as u64 == grant.token.0 && stat.ephemeral_owner == s.id =>
-            {
-                Ok(s.timeout)
-            }
-            Ok(_) => Err(lost(&grant.name, "the lock's queue node is gone").with_backend("zk")),
-            Err(Some(zk::Error::SessionExpired)) => Err(session_over()),
+            Ok(stat) => self.confirmed(grant, &s, stat.as_ref()),
+            Err(Some(zk::Error::SessionExpired)) => Err(self.session_over(grant, &s)),
             Err(e) => Err(request_error(e, "cannot confirm the lock", &s).with_lock(&grant.name)),
         }
+    }
+
+    fn renew_batch(&self) -> usize {
+        if self.inner.no_multi_read.load(Ordering::Relaxed) {
+            1
+        } else {
+            RENEW_BATCH
+        }
+    }
+
+    /// Confirms every grant's node with one multi-read (ZooKeeper 3.6+); on an ensemble that
+    /// does not know multi-read, one request per grant from then on.
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        let s = self.inner.session();
+        let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
+        let mut asked = Vec::new();
+        let mut reader = s.client.new_multi_reader();
+        for (i, (grant, _)) in grants.iter().enumerate() {
+            let local = self.renew_locally(grant, &s).and_then(|path| {
+                reader
+                    .add_get_data(&path)
+                    .map_err(|e| zk_error(e, "cannot confirm the lock").with_lock(&grant.name))
+            });
+            results.push(match local {
+                Ok(()) => {
+                    asked.push(i);
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            });
+        }
+        if !asked.is_empty() {
+            match s.call(reader.commit()).await {
+                Ok(answers) => {
+                    for (n, &i) in asked.iter().enumerate() {
+                        let grant = &grants[i].0;
+                        results[i] = Some(match answers.get(n) {
+                            Some(zk::MultiReadResult::Data { stat, .. }) => {
+                                self.confirmed(grant, &s, Some(stat))
+                            }
+                            Some(zk::MultiReadResult::Error {
+                                err: zk::Error::NoNode,
+                            }) => self.confirmed(grant, &s, None),
+                            Some(zk::MultiReadResult::Error {
+                                err: zk::Error::SessionExpired,
+                            }) => Err(self.session_over(grant, &s)),
+                            Some(zk::MultiReadResult::Error { err }) => {
+                                Err(
+                                    request_error(Some(err.clone()), "cannot confirm the lock", &s)
+                                        .with_lock(&grant.name),
+                                )
+                            }
+                            _ => Err(Error::new(
+                                ErrorKind::Backend,
+                                "the multi-read's answer does not match its request",
+                            )
+                            .with_lock(&grant.name)),
+                        });
+                    }
+                }
+                Err(Some(zk::Error::Unimplemented)) => {
+                    self.inner.no_multi_read.store(true, Ordering::Relaxed);
+                    for &i in &asked {
+                        let (grant, ttl) = &grants[i];
+                        results[i] = Some(self.renew(grant, *ttl).await);
+                    }
+                }
+                Err(Some(zk::Error::SessionExpired)) => {
+                    for &i in &asked {
+                        results[i] = Some(Err(self.session_over(&grants[i].0, &s)));
+                    }
+                }
+                Err(e) => {
+                    for &i in &asked {
+                        results[i] =
+                            Some(Err(request_error(e.clone(), "cannot confirm the lock", &s)
+                                .with_lock(&grants[i].0.name)));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
+            .collect()
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -1,5 +1,6 @@
-//! A backend wrapper that counts renew calls, so scenario 6 can report the watchdog's renewal
-//! traffic for any backend without hooks in the backends themselves.
+//! A backend wrapper that counts renewals (grants renewed) and renewal requests (calls, of one
+//! grant or of a batch), so scenario 6 can report the watchdog's renewal traffic for any backend
+//! without hooks in the backends themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -16,6 +17,7 @@ use distlock_api::{
 pub(crate) struct Counting {
     inner: SharedLock,
     renewals: AtomicU64,
+    requests: AtomicU64,
     renew_errors: AtomicU64,
     first_error: Mutex<Option<String>>,
 }
@@ -25,14 +27,30 @@ impl Counting {
         Self {
             inner,
             renewals: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             renew_errors: AtomicU64::new(0),
             first_error: Mutex::new(None),
         }
     }
 
-    /// Renew calls so far (successful or not).
+    /// Grants renewed so far (successfully or not).
     pub(crate) fn renewals(&self) -> u64 {
         self.renewals.load(Ordering::Relaxed)
+    }
+
+    /// Renewal calls so far: one per `renew`, one per batch of `renew_many`.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, result: &Result<Duration>) {
+        if let Err(e) = result {
+            self.renew_errors.fetch_add(1, Ordering::Relaxed);
+            self.first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }
     }
 
     /// The first failed renew call's error.
@@ -73,15 +91,23 @@ impl DistributedLock for Counting {
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let result = self.inner.renew(grant, ttl).await;
-        if let Err(e) = &result {
-            self.renew_errors.fetch_add(1, Ordering::Relaxed);
-            self.first_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(|| e.to_string());
-        }
+        self.count(&result);
         result
+    }
+
+    fn renew_batch(&self) -> usize {
+        self.inner.renew_batch()
+    }
+
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        self.renewals
+            .fetch_add(grants.len() as u64, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let results = self.inner.renew_many(grants).await;
+        results.iter().for_each(|r| self.count(r));
+        results
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

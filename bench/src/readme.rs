@@ -45,8 +45,12 @@ pub(crate) fn snippet(r: &Results) -> String {
             .find(|h| h.clients == 8)
             .map(|h| us(h.handoff.p50_us));
         let many = b.many.as_ref().map(|m| {
+            let requests = match m.requests_per_sec {
+                Some(q) if q < m.renewals_per_sec * 0.9 => format!(" in {} requests/s", rate(q)),
+                _ => String::new(),
+            };
             format!(
-                "{} for {} held, {} lost",
+                "{}{requests} for {} held, {} lost",
                 rate(m.renewals_per_sec),
                 thousands(m.locks),
                 thousands(m.lost)

@@ -244,8 +244,12 @@ pub(crate) struct ManyHeld {
     pub(crate) rss_holding_bytes: u64,
     /// (holding − before) ÷ locks.
     pub(crate) bytes_per_lock: f64,
-    /// Renew calls the watchdog made per second, measured.
+    /// Grants the watchdog renewed per second, measured.
     pub(crate) renewals_per_sec: f64,
+    /// Renewal requests per second: one per grant, or one per batch where the backend confirms
+    /// many grants at once. `None` in reports from before it was measured.
+    #[serde(default)]
+    pub(crate) requests_per_sec: Option<f64>,
     /// How often each lock was renewed, on average, seconds.
     pub(crate) interval_s: f64,
     /// locks ÷ (granted TTL / 3): what the watchdog aims for with a fixed lease (session-bound

@@ -92,6 +92,7 @@ cases! {
     fixed_ttl_on_session_backend_is_unsupported: session_ttl,
     watchdog_keeps_the_lock_for_several_ttls: renewal,
     lost_fires_when_lock_is_removed_behind_the_holders_back: renewal,
+    one_lock_removed_among_many_fires_only_its_own_guard: renewal,
     renew_by_other_owner_fails_with_lost: renewal,
     reentrant_acquire_counts_holds_and_keeps_the_token: reentrant,
     reacquire_by_holder_is_contended_without_reentrancy: not_reentrant,
@@ -670,6 +671,50 @@ async fn lost_fires_when_lock_is_removed_behind_the_holders_back(cx: Ctx) {
     );
     assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
     assert!(g2.release().await.unwrap());
+}
+
+/// Locks acquired together are renewed together (in one request where the backend batches
+/// renewals); one of them removed behind the holder's back fires that guard alone, and the
+/// others stay held past several leases.
+async fn one_lock_removed_among_many_fires_only_its_own_guard(cx: Ctx) {
+    const LOCKS: usize = 12;
+    const GONE: usize = 5;
+    let ttl = cx.harness().short_ttl();
+    let a = cx.client().await;
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        let g = a
+            .try_lock_with(&cx.name(&format!("among-{i}")), &watchdog(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        guards.push(g);
+    }
+    let lost = guards[GONE].lost();
+    cx.harness()
+        .remove_behind_back(guards[GONE].name())
+        .await
+        .expect("remove hook");
+    tokio::time::timeout(ttl * 3 + Duration::from_secs(2), lost)
+        .await
+        .expect("lost() did not fire after the lock was removed");
+    // Two more leases: every other lock must have been renewed meanwhile.
+    tokio::time::sleep(ttl * 2).await;
+    for (i, g) in guards.iter().enumerate() {
+        if i == GONE {
+            continue;
+        }
+        assert!(!g.is_lost(), "{}: {:?}", g.name(), g.lost_reason());
+        assert_eq!(
+            holder_of(&a, g.name().as_str()).await.as_ref(),
+            Some(a.core().owner()),
+            "{} is no longer held",
+            g.name()
+        );
+    }
+    for (i, g) in guards.into_iter().enumerate() {
+        assert_eq!(g.release().await.unwrap(), i != GONE, "release of lock {i}");
+    }
 }
 
 async fn renew_by_other_owner_fails_with_lost(cx: Ctx) {

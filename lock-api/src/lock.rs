@@ -88,6 +88,26 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// return the session's lease.
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration>;
 
+    /// How many grants [`renew_many`](Self::renew_many) confirms with one request. 1, the
+    /// default, has the watchdog renew each grant with its own [`renew`](Self::renew) call;
+    /// backends whose server can confirm many locks at once (one transaction, one multi-read)
+    /// return more, and the watchdog hands them the grants that come due together in batches
+    /// of up to that many.
+    fn renew_batch(&self) -> usize {
+        1
+    }
+
+    /// Renews every `(grant, ttl)` of `grants` as [`renew`](Self::renew) would, and returns one
+    /// result per grant, in order. The default renews them one after another; a backend that
+    /// raises [`renew_batch`](Self::renew_batch) overrides it with one request per batch.
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        let mut results = Vec::with_capacity(grants.len());
+        for (grant, ttl) in grants {
+            results.push(self.renew(grant, *ttl).await);
+        }
+        results
+    }
+
     /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
 }

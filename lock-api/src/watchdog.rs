@@ -343,8 +343,8 @@ async fn run(shared: Arc<Shared>) {
             inner.wake_at = Some(next);
             next
         };
-        for d in due {
-            tokio::spawn(renew_one(shared.clone(), d));
+        for batch in batches(due) {
+            tokio::spawn(renew_batch(shared.clone(), batch));
         }
         tokio::select! {
             _ = tokio::time::sleep_until(next.into()) => {}
@@ -353,38 +353,86 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
-async fn renew_one(shared: Arc<Shared>, d: Due) {
-    let result = {
-        let _permit = shared.permits.acquire().await;
-        let sent = Instant::now();
-        d.backend.renew(&d.grant, d.ttl).await.map(|g| (sent, g))
-    };
-    let sooner = {
-        let mut inner = lock(&shared.inner);
-        let Some(e) = inner.get_mut(d.id) else {
-            return; // released while the renewal was in flight
-        };
-        e.in_flight = false;
-        match result {
-            Ok((sent, granted)) => {
-                e.state.extend(safe_until(sent, granted));
-                e.renew = Some((d.ttl, sent + granted / 3));
+/// Splits the renewals due at one wake-up into the batches they are sent in: one grant each,
+/// unless the backend confirms several with one request (`renew_batch`), then up to that many
+/// grants of that backend together.
+fn batches(mut due: Vec<Due>) -> Vec<Vec<Due>> {
+    // Guards of one client normally share one backend handle; group by it all the same.
+    due.sort_by_key(|d| Arc::as_ptr(&d.backend).cast::<()>() as usize);
+    let mut out: Vec<Vec<Due>> = Vec::new();
+    for d in due {
+        let size = d.backend.renew_batch().clamp(1, MAX_CONCURRENT_RENEWALS);
+        match out.last_mut() {
+            Some(last) if last.len() < size && Arc::ptr_eq(&last[0].backend, &d.backend) => {
+                last.push(d);
             }
-            Err(err) if matches!(err.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
-                e.state.fire(LostReason::Taken(err.to_string()));
-                inner.remove(d.id);
-                return;
-            }
-            Err(_) => {
-                // A failed round trip: try again soon; safe-until decides when to give up.
-                let retry = (d.ttl / 10).clamp(Duration::from_millis(10), TICK);
-                e.renew = Some((d.ttl, Instant::now() + retry));
-            }
+            _ => out.push(vec![d]),
         }
-        let at = inner.schedule(d.id);
-        inner.sooner_than_planned(at)
+    }
+    out
+}
+
+/// Renews one batch (all of one backend) and settles each grant's outcome.
+async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
+    let Some(backend) = batch.first().map(|d| d.backend.clone()) else {
+        return;
     };
+    let (sent, results) = {
+        // One permit per grant: the bound is on renewals in flight, batched or not.
+        let permits = u32::try_from(batch.len()).unwrap_or(u32::MAX);
+        let _permits = shared.permits.acquire_many(permits).await;
+        let sent = Instant::now();
+        let results = if let [d] = batch.as_slice() {
+            vec![backend.renew(&d.grant, d.ttl).await]
+        } else {
+            let grants: Vec<(Grant, Duration)> =
+                batch.iter().map(|d| (d.grant.clone(), d.ttl)).collect();
+            backend.renew_many(&grants).await
+        };
+        (sent, results)
+    };
+    let mut results = results.into_iter();
+    let mut sooner = false;
+    {
+        let mut inner = lock(&shared.inner);
+        for d in &batch {
+            let result = results.next().unwrap_or_else(|| {
+                Err(crate::Error::new(
+                    ErrorKind::Backend,
+                    "renew_many returned fewer results than grants",
+                ))
+            });
+            sooner |= settle(&mut inner, d, sent, result);
+        }
+    }
     if sooner {
         shared.wake.notify_one();
     }
+}
+
+/// Applies one renewal's outcome to its entry; whether the entry's next event is now sooner
+/// than the task planned to look.
+fn settle(inner: &mut Inner, d: &Due, sent: Instant, result: crate::Result<Duration>) -> bool {
+    let Some(e) = inner.get_mut(d.id) else {
+        return false; // released while the renewal was in flight
+    };
+    e.in_flight = false;
+    match result {
+        Ok(granted) => {
+            e.state.extend(safe_until(sent, granted));
+            e.renew = Some((d.ttl, sent + granted / 3));
+        }
+        Err(err) if matches!(err.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
+            e.state.fire(LostReason::Taken(err.to_string()));
+            inner.remove(d.id);
+            return false;
+        }
+        Err(_) => {
+            // A failed round trip: try again soon; safe-until decides when to give up.
+            let retry = (d.ttl / 10).clamp(Duration::from_millis(10), TICK);
+            e.renew = Some((d.ttl, Instant::now() + retry));
+        }
+    }
+    let at = inner.schedule(d.id);
+    inner.sooner_than_planned(at)
 }

@@ -125,3 +125,124 @@ fn watchdog_renews_a_lease_whose_renewal_is_beyond_the_first_sweep() {
         assert_eq!(a.core().guards_watched(), 0);
     });
 }
+
+/// A memory client that confirms grants in batches of up to `BATCH`, recording each batch's
+/// size, and answers "lost" for names ending in `-gone`.
+struct Batching {
+    inner: distlock_api::MemoryLock,
+    batches: std::sync::Mutex<Vec<usize>>,
+}
+
+const BATCH: usize = 4;
+
+#[distlock_api::async_trait]
+impl DistributedLock for Batching {
+    fn capabilities(&self) -> distlock_api::Capabilities {
+        self.inner.capabilities()
+    }
+    fn core(&self) -> &distlock_api::ClientCore {
+        self.inner.core()
+    }
+    async fn try_acquire(
+        &self,
+        req: &distlock_api::AcquireRequest,
+    ) -> distlock_api::Result<Option<distlock_api::Grant>> {
+        self.inner.try_acquire(req).await
+    }
+    async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {
+        self.inner.release(grant).await
+    }
+    async fn renew(
+        &self,
+        grant: &distlock_api::Grant,
+        ttl: Duration,
+    ) -> distlock_api::Result<Duration> {
+        self.renew_many(&[(grant.clone(), ttl)])
+            .await
+            .pop()
+            .expect("one result")
+    }
+    fn renew_batch(&self) -> usize {
+        BATCH
+    }
+    async fn renew_many(
+        &self,
+        grants: &[(distlock_api::Grant, Duration)],
+    ) -> Vec<distlock_api::Result<Duration>> {
+        self.batches.lock().unwrap().push(grants.len());
+        let mut out = Vec::new();
+        for (g, ttl) in grants {
+            out.push(if g.name.as_str().ends_with("-gone") {
+                Err(distlock_api::Error::new(
+                    distlock_api::ErrorKind::Lost,
+                    "gone behind the holder's back",
+                ))
+            } else {
+                self.inner.renew(g, *ttl).await
+            });
+        }
+        out
+    }
+    async fn inspect(
+        &self,
+        name: &distlock_api::LockName,
+    ) -> distlock_api::Result<Option<distlock_api::LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// Grants that come due together go to `renew_many` in batches no larger than the backend's
+/// `renew_batch`, and each grant's own result decides its guard: one lost grant in a batch
+/// fires only its own guard, the rest stay held past their first lease.
+#[test]
+fn watchdog_renews_grants_due_together_in_batches_and_settles_each() {
+    runtime().block_on(async {
+        let b = Arc::new(Batching {
+            inner: MemoryStore::new().client(),
+            batches: std::sync::Mutex::new(Vec::new()),
+        });
+        let ttl = Duration::from_millis(600);
+        let opts = LockOptions::new().watchdog_ttl(ttl);
+        let mut guards = Vec::new();
+        for i in 0..10 {
+            let name = if i == 3 {
+                "batch-3-gone".to_string()
+            } else {
+                format!("batch-{i}")
+            };
+            guards.push(b.try_lock_with(&name, &opts).await.unwrap().unwrap());
+        }
+        // Past the first lease: only renewals keep these held.
+        tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+        for g in &guards {
+            let gone = g.name().as_str().ends_with("-gone");
+            assert_eq!(g.is_lost(), gone, "{}: {:?}", g.name(), g.lost_reason());
+            if gone {
+                assert!(
+                    matches!(g.lost_reason(), Some(LostReason::Taken(_))),
+                    "{:?}",
+                    g.lost_reason()
+                );
+            } else {
+                let left = b.holder(g.name().as_str()).await.unwrap().unwrap();
+                assert!(left.remaining.unwrap() > Duration::ZERO);
+            }
+        }
+        let batches = b.batches.lock().unwrap().clone();
+        assert!(
+            batches.iter().all(|&n| (1..=BATCH).contains(&n)),
+            "{batches:?}"
+        );
+        assert!(
+            batches.iter().any(|&n| n > 1),
+            "ten grants due together never shared a request: {batches:?}"
+        );
+        // The first wave confirms all ten; the lost one is never renewed again.
+        assert!(batches.iter().sum::<usize>() >= 10, "{batches:?}");
+        for g in guards {
+            let gone = g.name().as_str().ends_with("-gone");
+            assert_eq!(g.release().await.unwrap(), !gone);
+        }
+        assert_eq!(b.core().guards_watched(), 0);
+    });
+}

@@ -48,10 +48,11 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
     let periods = (plan.many_window.as_secs_f64() / period.as_secs_f64().max(1e-3))
         .round()
         .max(1.0);
-    let before = counting.renewals();
+    let (before, requests_before) = (counting.renewals(), counting.requests());
     let window_start = Instant::now();
     tokio::time::sleep(period.mul_f64(periods)).await;
     let renewals = counting.renewals() - before;
+    let requests = counting.requests() - requests_before;
     let window = window_start.elapsed();
     // Snapshot now: a renewal racing a release below fails harmlessly and must not count.
     let (renew_errors, first_renew_error) = (counting.renew_errors(), counting.first_error());
@@ -73,6 +74,7 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
         rss_holding_bytes: rss_holding,
         bytes_per_lock: rss_holding.saturating_sub(rss_before) as f64 / held.max(1) as f64,
         renewals_per_sec: per_sec(renewals, window),
+        requests_per_sec: Some(per_sec(requests, window)),
         interval_s: if renewals > 0 {
             held as f64 * window.as_secs_f64() / renewals as f64
         } else {
