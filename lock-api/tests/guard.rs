@@ -246,3 +246,37 @@ fn watchdog_renews_grants_due_together_in_batches_and_settles_each() {
         assert_eq!(b.core().guards_watched(), 0);
     });
 }
+
+/// Renewals due a little apart are brought forward to share a batch: locks taken 20 ms apart
+/// (so never due at the same instant) still reach `renew_many` together, and stay held.
+#[test]
+fn watchdog_coalesces_renewals_due_within_a_short_window() {
+    runtime().block_on(async {
+        let b = Arc::new(Batching {
+            inner: MemoryStore::new().client(),
+            batches: std::sync::Mutex::new(Vec::new()),
+        });
+        let ttl = Duration::from_millis(900);
+        let opts = LockOptions::new().watchdog_ttl(ttl);
+        let mut guards = Vec::new();
+        for i in 0..8 {
+            guards.push(
+                b.try_lock_with(&format!("spread-{i}"), &opts)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(ttl).await;
+        let batches = b.batches.lock().unwrap().clone();
+        assert!(
+            batches.iter().any(|&n| n > 1),
+            "renewals 20 ms apart never shared a request: {batches:?}"
+        );
+        for g in guards {
+            assert!(!g.is_lost(), "{:?}", g.lost_reason());
+            assert!(g.release().await.unwrap());
+        }
+    });
+}
