@@ -251,11 +251,22 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool> {
         self.done = true;
         self.backend.core().watchdog().deregister(self.entry);
-        self.state.fire(LostReason::Released);
+        self.released();
         self.backend
             .release(&self.state.grant)
             .await
             .map_err(|e| context(e, &*self.backend, &self.state.grant.name))
+    }
+}
+
+impl LockGuard {
+    /// Marks the guard released for any `lost()` future still watching it. With the watchdog's
+    /// copy of the state gone (deregistered just before), a state nobody else shares has nobody
+    /// to tell, and the lock and wake-up are skipped.
+    fn released(&self) {
+        if Arc::strong_count(&self.state) > 1 {
+            self.state.fire(LostReason::Released);
+        }
     }
 }
 
@@ -265,7 +276,7 @@ impl Drop for LockGuard {
             return;
         }
         self.backend.core().watchdog().deregister(self.entry);
-        self.state.fire(LostReason::Released);
+        self.released();
         // Without a runtime there is nothing to release on; the lease expires by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();
