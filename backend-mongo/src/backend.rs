@@ -21,9 +21,6 @@ use crate::commands::{self, COUNT, OWNER, REMAINING_MS, TOKEN};
 use crate::config::{driver_message, MongoConfig};
 use crate::BACKEND;
 
-/// How many locks the watchdog renews with one `updateMany`.
-const RENEW_BATCH: usize = 64;
-
 /// What the MongoDB backend promises.
 pub const CAPABILITIES: Capabilities = Capabilities {
     reentrant: true,
@@ -527,73 +524,6 @@ impl DistributedLock for MongoLock {
         } else {
             Err(not_held())
         }
-    }
-
-    fn renew_batch(&self) -> usize {
-        RENEW_BATCH
-    }
-
-    /// Renews the grants that share a TTL with one `updateMany` (an `$or` of their ownership
-    /// filters, the same server-clock pipeline). When it matches them all, all are renewed;
-    /// when it matches fewer, each of that group is renewed on its own to learn which are gone.
-    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        let mut results: Vec<Option<Result<Duration>>> = (0..grants.len()).map(|_| None).collect();
-        let mut ttls: Vec<Duration> = grants.iter().map(|(_, ttl)| *ttl).collect();
-        ttls.sort();
-        ttls.dedup();
-        for ttl in ttls {
-            let ttl_ms = ttl_millis(ttl);
-            let mut group = Vec::new();
-            let mut filters = Vec::new();
-            for (i, (grant, _)) in grants.iter().enumerate().filter(|(_, (_, t))| *t == ttl) {
-                match i64::try_from(grant.token.0) {
-                    Ok(token) => {
-                        group.push(i);
-                        filters.push(commands::held_by(
-                            grant.name.as_str(),
-                            grant.owner.as_str(),
-                            token,
-                        ));
-                    }
-                    Err(_) => results[i] = Some(Err(lost(&grant.name, "no such token"))),
-                }
-            }
-            if group.is_empty() {
-                continue;
-            }
-            let all = group.len() as u64;
-            let done = bounded(
-                self.operation_timeout,
-                "renew failed",
-                self.locks
-                    .update_many(doc! { "$or": filters }, commands::renew_pipeline(ttl_ms))
-                    .into_future(),
-            )
-            .await;
-            match done {
-                Ok(done) if done.matched_count == all => {
-                    for &i in &group {
-                        results[i] = Some(Ok(Duration::from_millis(ttl_ms as u64)));
-                    }
-                }
-                Ok(_) => {
-                    for &i in &group {
-                        results[i] = Some(self.renew(&grants[i].0, ttl).await);
-                    }
-                }
-                Err(OpError { error, .. }) => {
-                    for &i in &group {
-                        let e = Error::new(error.kind(), error.to_string())
-                            .temporary(error.is_temporary());
-                        results[i] = Some(Err(e.with_lock(&grants[i].0.name)));
-                    }
-                }
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
-            .collect()
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
