@@ -92,6 +92,19 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Marks entry `id`'s renewal in flight and hands it to the sender.
+    fn send(&mut self, id: u64, backend: Arc<dyn DistributedLock>, ttl: Duration) -> Due {
+        self.in_flight = true;
+        Due {
+            id,
+            backend,
+            grant: self.state.grant.clone(),
+            ttl,
+        }
+    }
+}
+
 fn split(id: u64) -> (usize, u32) {
     ((id & u64::from(u32::MAX)) as usize, (id >> 32) as u32)
 }
@@ -194,13 +207,7 @@ impl Inner {
             let Some(backend) = e.backend.upgrade() else {
                 continue; // the next pass finds the client gone and fires the guard
             };
-            e.in_flight = true;
-            due.push(Due {
-                id,
-                backend,
-                grant: e.state.grant.clone(),
-                ttl,
-            });
+            due.push(e.send(id, backend, ttl));
             self.schedule(id);
         }
     }
@@ -350,13 +357,7 @@ async fn run(shared: Arc<Shared>) {
                             inner.remove(id);
                             continue;
                         };
-                        e.in_flight = true;
-                        due.push(Due {
-                            id,
-                            backend,
-                            grant: e.state.grant.clone(),
-                            ttl,
-                        });
+                        due.push(e.send(id, backend, ttl));
                     }
                 }
                 // Not due after all (safe-until was extended) or now in flight: requeue at
