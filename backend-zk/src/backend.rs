@@ -407,7 +407,6 @@ impl ZkLock {
         }
     }
 
-    /// The grant's hold, if this client has it: same owner, queue node and token.
     /// What renewing `grant` can decide without the server: its node's path, or why it no
     /// longer holds.
     fn renew_locally(&self, grant: &Grant, s: &Session) -> Result<String> {
@@ -459,6 +458,7 @@ impl ZkLock {
         }
     }
 
+    /// The grant's hold, if this client has it: same owner, queue node and token.
     fn hold_of(&self, grant: &Grant) -> Option<(String, u64)> {
         let holds = lock(&self.inner.holds);
         let h = holds.get(&(grant.name.clone(), grant.owner.clone()))?;
