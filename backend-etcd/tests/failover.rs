@@ -1,5 +1,5 @@
 //! Failing over between the members of a three-member cluster (the shared server on 2379 is a
-//! single member). Each test starts its own cluster on loopback ports 20471-20486 (or 100 or
+//! single member). Each test starts its own cluster on loopback ports 20471-20496 (or 100 or
 //! 200 above, if taken), from the `etcd` binary on the PATH or `DISTLOCK_ETCD_BIN`, and stops
 //! it at the end.
 
@@ -111,6 +111,20 @@ impl Cluster {
         ids.iter().position(|id| *id == leader)
     }
 
+    /// Freezes (`STOP`) or thaws (`CONT`) member `i`: a paused member keeps its connections
+    /// open and answers nothing, like a process in a long GC pause or a suspended VM.
+    fn signal(&self, i: usize, signal: &str) {
+        let Some(child) = &self.members[i] else {
+            return;
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill(1)");
+        assert!(status.success(), "kill -{signal} m{i}: {status}");
+    }
+
     fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].take() {
             let _ = child.kill();
@@ -134,10 +148,20 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
+            self.signal(i, "CONT");
             self.kill(i);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// How a member is lost.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// SIGKILL: its connections are reset at once.
+    Kill,
+    /// SIGSTOP for the whole test: its connections stay open and nothing answers on them.
+    Pause,
 }
 
 /// Holds a lock through the loss of member `victim` (the client's first endpoint), then shows
@@ -147,6 +171,7 @@ async fn hold_through_the_loss_of(
     victim: usize,
     rest: [usize; 2],
     role: &str,
+    fault: Fault,
 ) {
     let a = cluster.client([victim, rest[0], rest[1]]).await;
     let b = cluster.client([rest[1], rest[0], victim]).await;
@@ -158,7 +183,10 @@ async fn hold_through_the_loss_of(
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = Instant::now();
-    cluster.kill(victim);
+    match fault {
+        Fault::Kill => cluster.kill(victim),
+        Fault::Pause => cluster.signal(victim, "STOP"),
+    }
     // Several keep-alive rounds, and past the lease as it stood when the member died.
     tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
     assert!(
@@ -189,8 +217,12 @@ async fn hold_through_the_loss_of(
         .expect("waiter failed");
     assert!(g3.token() > token);
     assert!(g3.release().await.unwrap());
+    let how = match fault {
+        Fault::Kill => "killed",
+        Fault::Pause => "paused",
+    };
     eprintln!(
-        "{role} m{victim} killed; lock kept and handed on {:?} later",
+        "{role} m{victim} {how}; lock kept and handed on {:?} later",
         killed.elapsed()
     );
 }
@@ -208,6 +240,7 @@ async fn a_client_fails_over_when_its_member_dies() {
         followers[0],
         [leader, followers[1]],
         "follower",
+        Fault::Kill,
     )
     .await;
 }
@@ -220,5 +253,32 @@ async fn the_lease_survives_the_leaders_death() {
     let mut cluster = Cluster::start(20481);
     let leader = cluster.leader().await;
     let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-    hold_through_the_loss_of(&mut cluster, leader, [followers[0], followers[1]], "leader").await;
+    hold_through_the_loss_of(
+        &mut cluster,
+        leader,
+        [followers[0], followers[1]],
+        "leader",
+        Fault::Kill,
+    )
+    .await;
+}
+
+/// The leader freezes (SIGSTOP) instead of dying: nothing resets the client's connections to
+/// it, so the client must notice the silence itself and carry on through the other members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_survives_a_paused_leader() {
+    if common::skip() {
+        return;
+    }
+    let mut cluster = Cluster::start(20491);
+    let leader = cluster.leader().await;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    hold_through_the_loss_of(
+        &mut cluster,
+        leader,
+        [followers[0], followers[1]],
+        "leader",
+        Fault::Pause,
+    )
+    .await;
 }
