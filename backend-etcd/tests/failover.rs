@@ -227,58 +227,44 @@ async fn hold_through_the_loss_of(
     );
 }
 
+/// Which member the test takes away.
+#[derive(Clone, Copy)]
+enum Victim {
+    Follower,
+    Leader,
+}
+
+/// Starts a cluster on `base` and holds a lock through `fault` of its leader or a follower.
+async fn hold_through(base: u16, victim: Victim, fault: Fault) {
+    let mut cluster = Cluster::start(base);
+    let leader = cluster.leader().await;
+    let f: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let (victim, rest, role) = match victim {
+        Victim::Follower => (f[0], [leader, f[1]], "follower"),
+        Victim::Leader => (leader, [f[0], f[1]], "leader"),
+    };
+    hold_through_the_loss_of(&mut cluster, victim, rest, role, fault).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_fails_over_when_its_member_dies() {
-    if common::skip() {
-        return;
+    if !common::skip() {
+        hold_through(20471, Victim::Follower, Fault::Kill).await;
     }
-    let mut cluster = Cluster::start(20471);
-    let leader = cluster.leader().await;
-    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-    hold_through_the_loss_of(
-        &mut cluster,
-        followers[0],
-        [leader, followers[1]],
-        "follower",
-        Fault::Kill,
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_survives_the_leaders_death() {
-    if common::skip() {
-        return;
+    if !common::skip() {
+        hold_through(20481, Victim::Leader, Fault::Kill).await;
     }
-    let mut cluster = Cluster::start(20481);
-    let leader = cluster.leader().await;
-    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-    hold_through_the_loss_of(
-        &mut cluster,
-        leader,
-        [followers[0], followers[1]],
-        "leader",
-        Fault::Kill,
-    )
-    .await;
 }
 
 /// The leader freezes (SIGSTOP) instead of dying: nothing resets the client's connections to
 /// it, so the client must notice the silence itself and carry on through the other members.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_survives_a_paused_leader() {
-    if common::skip() {
-        return;
+    if !common::skip() {
+        hold_through(20491, Victim::Leader, Fault::Pause).await;
     }
-    let mut cluster = Cluster::start(20491);
-    let leader = cluster.leader().await;
-    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-    hold_through_the_loss_of(
-        &mut cluster,
-        leader,
-        [followers[0], followers[1]],
-        "leader",
-        Fault::Pause,
-    )
-    .await;
 }
