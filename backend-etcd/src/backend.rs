@@ -277,12 +277,12 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        let grants: Vec<Grant> = grants.iter().map(|(g, _)| g.clone()).collect();
+        let grants: Vec<&Grant> = grants.iter().map(|(g, _)| g).collect();
         self.shared
             .renew_many(&grants)
             .await
             .into_iter()
-            .zip(&grants)
+            .zip(grants)
             .map(|(r, g)| r.map_err(|e| context(e, &g.name)))
             .collect()
     }
@@ -865,7 +865,7 @@ impl Shared {
     /// Confirms that `grant`'s key still exists with its create-revision while the lease is
     /// alive, and returns how long the lease surely lives on from now.
     async fn renew(self: &Arc<Self>, grant: &Grant) -> Result<Duration> {
-        self.renew_many(std::slice::from_ref(grant))
+        self.renew_many(&[grant])
             .await
             .pop()
             .unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result")))
@@ -873,7 +873,7 @@ impl Shared {
 
     /// Confirms `grants` with one transaction: each grant's key must still exist with the
     /// create revision that is its token. One result per grant, in order.
-    async fn renew_many(self: &Arc<Self>, grants: &[Grant]) -> Vec<Result<Duration>> {
+    async fn renew_many(self: &Arc<Self>, grants: &[&Grant]) -> Vec<Result<Duration>> {
         let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
         // (index, lease id, token) of the grants that pass the local checks.
         let mut asked = Vec::new();
@@ -908,7 +908,7 @@ impl Shared {
             match self.txn("renewing", txn).await {
                 Ok(resp) if resp.succeeded() => {
                     for &(i, lease_id, _) in &asked {
-                        results[i] = Some(self.lease_left(&grants[i], lease_id, started));
+                        results[i] = Some(self.lease_left(grants[i], lease_id, started));
                     }
                 }
                 Ok(resp) => {
@@ -920,7 +920,7 @@ impl Shared {
                                 if got.kvs().first().is_some_and(|kv| kv.create_revision() == token)
                         );
                         results[i] = Some(if present {
-                            self.lease_left(&grants[i], lease_id, started)
+                            self.lease_left(grants[i], lease_id, started)
                         } else {
                             Err(lost(&grants[i].name, "the lock's key was deleted"))
                         });

@@ -54,13 +54,12 @@ impl distlock_conformance::Harness for Etcd {
         Ok(client)
     }
 
-    fn upstreams(&self) -> Vec<String> {
-        distlock_conformance::hosts_of(&common::url())
+    fn url(&self) -> Option<String> {
+        Some(common::url())
     }
 
-    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
-        let url = distlock_conformance::reroute(&common::url(), &self.upstreams(), addrs);
-        let config = EtcdConfig::from_url(&url)?.lease_ttl(common::SHORT_TTL)?;
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = EtcdConfig::from_url(url)?.lease_ttl(common::SHORT_TTL)?;
         Ok(Arc::new(EtcdLock::connect(config).await?))
     }
 

@@ -3,7 +3,6 @@
 
 mod common;
 
-use distlock_conformance::Harness as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,11 +22,6 @@ impl Mongo {
             url: std::env::var("DISTLOCK_MONGO_URL")
                 .unwrap_or_else(|_| "mongodb://127.0.0.1:27017".to_string()),
         }
-    }
-
-    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = MongoConfig::from_url(url)?.default_ttl(self.short_ttl())?;
-        Ok(Arc::new(MongoLock::connect(config).await?))
     }
 
     /// A plain driver handle on the lock collection, separate from every lock client: what an
@@ -57,8 +51,13 @@ impl distlock_conformance::Harness for Mongo {
         self.client_at(&self.url).await
     }
 
-    fn upstreams(&self) -> Vec<String> {
-        distlock_conformance::hosts_of(&self.url)
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
+    }
+
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = MongoConfig::from_url(url)?.default_ttl(self.short_ttl())?;
+        Ok(Arc::new(MongoLock::connect(config).await?))
     }
 
     async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {

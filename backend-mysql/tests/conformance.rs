@@ -1,7 +1,6 @@
 //! The shared conformance suite against a real MySQL/MariaDB server
 //! (`DISTLOCK_MYSQL_URL`, default `mysql://distlock:distlock@127.0.0.1:3306/distlock`).
 
-use distlock_conformance::Harness as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,15 +24,6 @@ impl Mysql {
 
     fn config(&self) -> Result<MysqlConfig> {
         MysqlConfig::from_url(&self.url)
-    }
-
-    /// A suite client of the server at `url`. Every suite client also runs a fast sweeper, so
-    /// the sweeper races every case.
-    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = MysqlConfig::from_url(url)?
-            .default_ttl(self.short_ttl())
-            .sweep_interval(Some(Duration::from_millis(250)));
-        Ok(Arc::new(MysqlLock::connect(config).await?))
     }
 
     /// A connection of its own, outside any client's pool: what an operator would use.
@@ -69,13 +59,17 @@ impl distlock_conformance::Harness for Mysql {
         self.client_at(&self.url).await
     }
 
-    fn upstreams(&self) -> Vec<String> {
-        distlock_conformance::hosts_of(&self.url)
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 
-    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
-        let url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
-        self.client_at(&url).await
+    /// A suite client of the server at `url`. Every suite client also runs a fast sweeper, so
+    /// the sweeper races every case.
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = MysqlConfig::from_url(url)?
+            .default_ttl(self.short_ttl())
+            .sweep_interval(Some(Duration::from_millis(250)));
+        Ok(Arc::new(MysqlLock::connect(config).await?))
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {

@@ -37,17 +37,15 @@ impl Harness for Redis {
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        let config = RedisConfig::from_url(&self.url)?.default_ttl(self.short_ttl());
-        Ok(Arc::new(RedisLock::connect(config).await?))
+        self.client_at(&self.url).await
     }
 
-    fn upstreams(&self) -> Vec<String> {
-        distlock_conformance::hosts_of(&self.url)
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 
-    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
-        let url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
-        let config = RedisConfig::from_url(&url)?.default_ttl(self.short_ttl());
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = RedisConfig::from_url(url)?.default_ttl(self.short_ttl());
         Ok(Arc::new(RedisLock::connect(config).await?))
     }
 

@@ -1,7 +1,6 @@
 //! The ZooKeeper backend against the whole conformance suite, on the server at
 //! `DISTLOCK_ZK_URL` (default `zk://127.0.0.1:2181`).
 
-use distlock_conformance::Harness as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,14 +22,6 @@ impl Zk {
 
     fn config(&self) -> Result<ZkConfig> {
         ZkConfig::from_url(&self.url)
-    }
-
-    /// A suite client of the ensemble at `url`. Its session timeout is the lease the watchdog
-    /// keeps renewing: short, so that renewal and loss cases run in seconds (the server allows
-    /// down to 2 ticks).
-    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = ZkConfig::from_url(url)?.session_timeout(self.short_ttl())?;
-        Ok(Arc::new(ZkLock::connect(config).await?))
     }
 
     /// A plain client of the same ensemble, rooted like the backend's, for acting behind the
@@ -81,13 +72,16 @@ impl distlock_conformance::Harness for Zk {
         self.client_at(&self.url).await
     }
 
-    fn upstreams(&self) -> Vec<String> {
-        distlock_conformance::hosts_of(&self.url)
+    fn url(&self) -> Option<String> {
+        Some(self.url.clone())
     }
 
-    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
-        let url = distlock_conformance::reroute(&self.url, &self.upstreams(), addrs);
-        self.client_at(&url).await
+    /// A suite client of the ensemble at `url`. Its session timeout is the lease the watchdog
+    /// keeps renewing: short, so that renewal and loss cases run in seconds (the server allows
+    /// down to 2 ticks).
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let config = ZkConfig::from_url(url)?.session_timeout(self.short_ttl())?;
+        Ok(Arc::new(ZkLock::connect(config).await?))
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {

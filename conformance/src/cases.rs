@@ -1278,8 +1278,8 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
 /// heals, the old holder's late release neither claims the lock nor frees it, and the old
 /// client works again.
 async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
-    let (proxies, addrs) = proxies_for(&cx).await;
-    let holder = client_via(&cx, &addrs).await;
+    let link = Link::new(&cx).await;
+    let holder = link.client(&cx).await;
     let h = cx.harness();
     let other = cx.client().await;
     let name = cx.name("partitioned");
@@ -1299,9 +1299,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let cut_at = Instant::now();
-    for p in &proxies {
-        p.cut();
-    }
+    link.cut();
     let reason = tokio::time::timeout(Duration::from_secs(60), lost)
         .await
         .expect("lost() did not fire while the holder was cut off");
@@ -1334,16 +1332,8 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
         acquired_at.saturating_duration_since(cut_at)
     );
 
-    for p in &proxies {
-        p.heal();
-    }
-    let late = tokio::time::timeout(Duration::from_secs(30), g.release())
-        .await
-        .expect("the old holder's release hung after the partition healed");
-    assert!(
-        !matches!(late, Ok(true)),
-        "the old holder's late release claims it still held the lock"
-    );
+    link.heal();
+    late_release_claims_nothing(g, "cut off").await;
     new_holder_still_holds(&other, &name, &g2).await;
 
     // The healed client recovers: a fresh lock works within a bound, errors on the way allowed
@@ -1363,29 +1353,57 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
     assert!(g2.release().await.unwrap());
 }
 
-/// The proxies in front of every server of `cx`'s backend, and their addresses.
-async fn proxies_for(cx: &Ctx) -> (Vec<Proxy>, Vec<String>) {
-    let h = cx.harness();
-    let upstreams = h.upstreams();
-    assert!(
-        !upstreams.is_empty(),
-        "the {} harness names no server address to cut",
-        h.backend()
-    );
-    let mut proxies = Vec::new();
-    for upstream in upstreams {
-        proxies.push(Proxy::start(upstream).await);
-    }
-    let addrs = proxies.iter().map(Proxy::addr).collect();
-    (proxies, addrs)
+/// A proxy in front of every server of a backend: the network between one set of clients and
+/// the servers.
+struct Link {
+    proxies: Vec<Proxy>,
+    addrs: Vec<String>,
 }
 
-/// A client of `cx`'s backend through the proxies at `addrs`.
-async fn client_via(cx: &Ctx, addrs: &[String]) -> Arc<dyn DistributedLock> {
-    let h = cx.harness();
-    h.client_via(addrs)
+impl Link {
+    async fn new(cx: &Ctx) -> Self {
+        let h = cx.harness();
+        let upstreams = h.upstreams();
+        assert!(
+            !upstreams.is_empty(),
+            "the {} harness names no server address to cut",
+            h.backend()
+        );
+        let mut proxies = Vec::new();
+        for upstream in upstreams {
+            proxies.push(Proxy::start(upstream).await);
+        }
+        let addrs = proxies.iter().map(Proxy::addr).collect();
+        Link { proxies, addrs }
+    }
+
+    /// A client of `cx`'s backend through this link.
+    async fn client(&self, cx: &Ctx) -> Arc<dyn DistributedLock> {
+        let h = cx.harness();
+        h.client_via(&self.addrs)
+            .await
+            .unwrap_or_else(|e| panic!("a {} client through a proxy: {e}", h.backend()))
+    }
+
+    fn cut(&self) {
+        self.proxies.iter().for_each(Proxy::cut);
+    }
+
+    fn heal(&self) {
+        self.proxies.iter().for_each(Proxy::heal);
+    }
+}
+
+/// The late release of `g`, a guard whose lock was lost while it was `what`: it must answer
+/// within 30 s and must not claim it still held the lock.
+async fn late_release_claims_nothing(g: LockGuard, what: &str) {
+    let late = tokio::time::timeout(Duration::from_secs(30), g.release())
         .await
-        .unwrap_or_else(|e| panic!("a {} client through a proxy: {e}", h.backend()))
+        .unwrap_or_else(|_| panic!("the old holder's release hung after it was {what}"));
+    assert!(
+        !matches!(late, Ok(true)),
+        "the old holder's late release claims it held the lock while it was {what}"
+    );
 }
 
 /// The server is out of reach of a holder and a queued waiter alike (as if it were paused or
@@ -1395,9 +1413,9 @@ async fn client_via(cx: &Ctx, addrs: &[String]) -> Arc<dyn DistributedLock> {
 /// behind: a third client gets the lock afterwards.
 async fn waiter_outlives_a_server_outage_and_leaves_nothing_behind(cx: Ctx) {
     const WAIT: Duration = Duration::from_secs(60);
-    let (proxies, addrs) = proxies_for(&cx).await;
-    let holder = client_via(&cx, &addrs).await;
-    let waiter = client_via(&cx, &addrs).await;
+    let link = Link::new(&cx).await;
+    let holder = link.client(&cx).await;
+    let waiter = link.client(&cx).await;
     let third = cx.client().await;
     let name = cx.name("outage");
     let g = holder.lock(&name, LONG_WAIT).await.unwrap();
@@ -1413,17 +1431,13 @@ async fn waiter_outlives_a_server_outage_and_leaves_nothing_behind(cx: Ctx) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "the waiter did not wait");
 
-    for p in &proxies {
-        p.cut();
-    }
+    link.cut();
     tokio::time::timeout(Duration::from_secs(60), g.lost())
         .await
         .expect("the holder's guard never said lost while the server was out of reach");
     // Past the holder's lease as the server counts it, too.
     tokio::time::sleep(cx.harness().short_ttl() + Duration::from_millis(500)).await;
-    for p in &proxies {
-        p.heal();
-    }
+    link.heal();
 
     let (took, outcome) = tokio::time::timeout(WAIT + Duration::from_secs(30), waiting)
         .await
@@ -1437,13 +1451,7 @@ async fn waiter_outlives_a_server_outage_and_leaves_nothing_behind(cx: Ctx) {
         }
     );
     assert!(g.is_lost());
-    let late = tokio::time::timeout(Duration::from_secs(30), g.release())
-        .await
-        .expect("the old holder's release hung after the outage");
-    assert!(
-        !matches!(late, Ok(true)),
-        "the old holder's release claims it held the lock through the outage"
-    );
+    late_release_claims_nothing(g, "out of reach").await;
     match outcome {
         Ok(g2) => {
             if waiter.capabilities().fencing_tokens() {

@@ -6,6 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{Capabilities, DistributedLock, Error, ErrorKind, LockName, Result};
 
+use crate::proxy::{hosts_of, reroute};
+
 /// A backend under test. Creating the harness does no I/O (the runner lists the cases and gates
 /// them by [`capabilities`](Harness::capabilities) before any server is touched); every case
 /// then builds the clients it needs with [`client`](Harness::client).
@@ -34,22 +36,43 @@ pub trait Harness: Send + Sync + 'static {
     /// `Unavailable`: the suite accepts either place.
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>>;
 
+    /// The URL the suite's clients connect to, where one URL makes a client; `None` for
+    /// backends without a server. With it and [`client_at`](Harness::client_at), the partition
+    /// cases need nothing more: [`upstreams`](Harness::upstreams) and
+    /// [`client_via`](Harness::client_via) are derived from them.
+    fn url(&self) -> Option<String> {
+        None
+    }
+
+    /// A client like [`client`](Harness::client), of the server(s) at `url` instead.
+    async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let _ = url;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this harness cannot make a client of another URL",
+        ))
+    }
+
     /// The addresses (`host:port`) of the servers this backend's clients connect to, in the
-    /// order [`client_via`](Harness::client_via) takes their stand-ins. Empty for backends
-    /// without a server.
+    /// order [`client_via`](Harness::client_via) takes their stand-ins: by default, those
+    /// [`url`](Harness::url) names. Empty for backends without a server.
     fn upstreams(&self) -> Vec<String> {
-        Vec::new()
+        self.url().map(|url| hosts_of(&url)).unwrap_or_default()
     }
 
     /// A client like [`client`](Harness::client) whose connections go to `addrs` instead of
     /// [`upstreams`](Harness::upstreams), one stand-in per server, in the same order: the
-    /// partition cases put a [`Proxy`](crate::Proxy) there.
+    /// partition cases put a [`Proxy`](crate::Proxy) there. By default,
+    /// [`client_at`](Harness::client_at) of [`url`](Harness::url) with the servers replaced.
     async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
-        let _ = addrs;
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            "this harness cannot route a client through another address",
-        ))
+        let Some(url) = self.url() else {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "this harness names no URL to route through another address",
+            ));
+        };
+        self.client_at(&reroute(&url, &self.upstreams(), addrs))
+            .await
     }
 
     /// The connect timeout `unreachable_client` is configured with.

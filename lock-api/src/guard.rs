@@ -257,9 +257,7 @@ impl LockGuard {
             .await
             .map_err(|e| context(e, &*self.backend, &self.state.grant.name))
     }
-}
 
-impl LockGuard {
     /// Marks the guard released for any `lost()` future still watching it. With the watchdog's
     /// copy of the state gone (deregistered just before), a state nobody else shares has nobody
     /// to tell, and the lock and wake-up are skipped.

@@ -90,9 +90,7 @@ impl Entry {
             (a, b) => a.or(b),
         }
     }
-}
 
-impl Entry {
     /// Marks entry `id`'s renewal in flight and hands it to the sender.
     fn send(&mut self, id: u64, backend: Arc<dyn DistributedLock>, ttl: Duration) -> Due {
         self.in_flight = true;
@@ -105,6 +103,12 @@ impl Entry {
     }
 }
 
+/// The id of the entry in slot `index` at `generation`.
+fn id_of(index: usize, generation: u32) -> u64 {
+    u64::from(generation) << 32 | index as u64
+}
+
+/// The slot index and generation an id names.
 fn split(id: u64) -> (usize, u32) {
     ((id & u64::from(u32::MAX)) as usize, (id >> 32) as u32)
 }
@@ -121,7 +125,7 @@ impl Inner {
         let slot = &mut self.slots[index as usize];
         slot.entry = Some(entry);
         self.len += 1;
-        u64::from(slot.generation) << 32 | u64::from(index)
+        id_of(index as usize, slot.generation)
     }
 
     fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
@@ -178,8 +182,7 @@ impl Inner {
             };
             if let Some(at) = entry.next_event().filter(|&at| at < horizon) {
                 entry.queued = Some(at);
-                self.queue
-                    .insert((at, u64::from(slot.generation) << 32 | index as u64));
+                self.queue.insert((at, id_of(index, slot.generation)));
             }
         }
     }
@@ -288,7 +291,7 @@ impl Watchdog {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.entry.as_ref().is_some_and(|e| which(&e.state.grant)))
-            .map(|(i, s)| u64::from(s.generation) << 32 | i as u64)
+            .map(|(i, s)| id_of(i, s.generation))
             .collect();
         for id in ids {
             if let Some(e) = inner.remove(id) {
