@@ -135,6 +135,15 @@ struct Batching {
 
 const BATCH: usize = 4;
 
+impl Batching {
+    fn new() -> Arc<Self> {
+        Arc::new(Batching {
+            inner: MemoryStore::new().client(),
+            batches: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+}
+
 #[distlock_api::async_trait]
 impl DistributedLock for Batching {
     fn capabilities(&self) -> distlock_api::Capabilities {
@@ -197,10 +206,7 @@ impl DistributedLock for Batching {
 #[test]
 fn watchdog_renews_grants_due_together_in_batches_and_settles_each() {
     runtime().block_on(async {
-        let b = Arc::new(Batching {
-            inner: MemoryStore::new().client(),
-            batches: std::sync::Mutex::new(Vec::new()),
-        });
+        let b = Batching::new();
         let ttl = Duration::from_millis(600);
         let opts = LockOptions::new().watchdog_ttl(ttl);
         let mut guards = Vec::new();
@@ -252,10 +258,7 @@ fn watchdog_renews_grants_due_together_in_batches_and_settles_each() {
 #[test]
 fn watchdog_coalesces_renewals_due_within_a_short_window() {
     runtime().block_on(async {
-        let b = Arc::new(Batching {
-            inner: MemoryStore::new().client(),
-            batches: std::sync::Mutex::new(Vec::new()),
-        });
+        let b = Batching::new();
         let ttl = Duration::from_millis(900);
         let opts = LockOptions::new().watchdog_ttl(ttl);
         let mut guards = Vec::new();
