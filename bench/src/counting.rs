@@ -89,6 +89,14 @@ impl DistributedLock for Counting {
         self.inner.release(grant).await
     }
 
+    fn try_acquire_local(&self, req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
+        self.inner.try_acquire_local(req)
+    }
+
+    fn release_local(&self, grant: &Grant) -> Option<Result<bool>> {
+        self.inner.release_local(grant)
+    }
+
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.renewals.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);

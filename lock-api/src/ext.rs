@@ -136,10 +136,12 @@ async fn try_lock_with(
     options: Option<&LockOptions>,
 ) -> Result<Option<LockGuard>> {
     let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), None)?;
-    let grant = this
-        .try_acquire(&plan.req)
-        .await
-        .map_err(|e| context(e, &**this, &plan.req.name))?;
+    spend_budget().await;
+    let grant = match this.try_acquire_local(&plan.req) {
+        Some(attempt) => attempt,
+        None => this.try_acquire(&plan.req).await,
+    }
+    .map_err(|e| context(e, &**this, &plan.req.name))?;
     Ok(grant.map(|g| LockGuard::new(this.clone(), g, plan.renew, plan.leased)))
 }
 
@@ -150,11 +152,26 @@ async fn lock_with(
     wait: Option<Duration>,
 ) -> Result<LockGuard> {
     let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), wait)?;
-    let grant = this
-        .acquire(&plan.req, wait.unwrap_or(Duration::ZERO))
-        .await
-        .map_err(|e| context(e, &**this, &plan.req.name))?;
+    spend_budget().await;
+    let grant = match this.try_acquire_local(&plan.req) {
+        Some(Ok(Some(grant))) => Ok(grant),
+        Some(Err(e)) => Err(e),
+        // Held (the backend's `acquire` queues or polls), or not an in-process backend.
+        Some(Ok(None)) | None => {
+            this.acquire(&plan.req, wait.unwrap_or(Duration::ZERO))
+                .await
+        }
+    }
+    .map_err(|e| context(e, &**this, &plan.req.name))?;
     Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+}
+
+/// Spends one unit of the task's cooperative budget, yielding if it is used up. An in-process
+/// backend's attempt never yields by itself, and a loop of them must still let the runtime run
+/// its other tasks (the watchdog among them). It comes before the attempt, not after: a task
+/// dropped while it yields must not leave a grant that no guard owns.
+async fn spend_budget() {
+    tokio::task::coop::consume_budget().await;
 }
 
 async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<LockInfo>> {

@@ -110,8 +110,9 @@ impl GrantState {
     }
 }
 
-/// A held lock. Dropping it releases the lock in the background when a Tokio runtime is
-/// present, and otherwise leaves the lease to expire; it never blocks and never panics.
+/// A held lock. Dropping it releases the lock: at once on an in-process backend, in the
+/// background when a Tokio runtime is present, and otherwise it leaves the lease to expire; it
+/// never blocks and never panics.
 ///
 /// Check [`is_lost`](LockGuard::is_lost) (or race your work against
 /// [`lost`](LockGuard::lost)) before acting on the protected resource, and pass
@@ -136,11 +137,12 @@ impl LockGuard {
     ) -> Self {
         let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
         let state = Arc::new(GrantState::new(grant, until));
-        let entry =
-            backend
-                .core()
-                .watchdog()
-                .register(Arc::downgrade(&backend), state.clone(), renew_ttl);
+        let entry = backend.core().watchdog().register(
+            Arc::downgrade(&backend),
+            state.clone(),
+            renew_ttl,
+            until,
+        );
         Self {
             backend,
             state,
@@ -252,10 +254,12 @@ impl LockGuard {
         self.done = true;
         self.backend.core().watchdog().deregister(self.entry);
         self.released();
-        self.backend
-            .release(&self.state.grant)
-            .await
-            .map_err(|e| context(e, &*self.backend, &self.state.grant.name))
+        let grant = &self.state.grant;
+        match self.backend.release_local(grant) {
+            Some(released) => released,
+            None => self.backend.release(grant).await,
+        }
+        .map_err(|e| context(e, &*self.backend, &grant.name))
     }
 
     /// Marks the guard released for any `lost()` future still watching it. With the watchdog's
@@ -275,6 +279,9 @@ impl Drop for LockGuard {
         }
         self.backend.core().watchdog().deregister(self.entry);
         self.released();
+        if self.backend.release_local(&self.state.grant).is_some() {
+            return;
+        }
         // Without a runtime there is nothing to release on; the lease expires by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();

@@ -82,6 +82,20 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
     async fn release(&self, grant: &Grant) -> Result<bool>;
 
+    /// For a backend whose locks live in this process: [`try_acquire`](Self::try_acquire), done
+    /// on the spot. The conveniences call it first and skip a boxed future and a poll when it
+    /// answers; `None`, the default, means the attempt needs I/O, and they call `try_acquire`.
+    fn try_acquire_local(&self, _req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
+        None
+    }
+
+    /// For a backend whose locks live in this process: [`release`](Self::release), done on the
+    /// spot. Besides saving a boxed future, it lets a dropped guard release at once, with or
+    /// without a runtime. `None`, the default, means the release needs I/O.
+    fn release_local(&self, _grant: &Grant) -> Option<Result<bool>> {
+        None
+    }
+
     /// Extends `grant`'s lease to `ttl` from now, if it still holds the lock, and returns the
     /// lease the server granted. A grant that no longer holds the lock is
     /// [`ErrorKind::Lost`](crate::ErrorKind::Lost). Session-bound backends confirm the grant and

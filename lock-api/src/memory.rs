@@ -242,6 +242,37 @@ impl MemoryLock {
     }
 }
 
+impl MemoryLock {
+    /// The acquire attempt: granted at once if free or held by `req.owner`.
+    fn grant_now(&self, req: &AcquireRequest) -> Option<Grant> {
+        self.store
+            .lock()
+            .slot(&req.name)
+            .try_grant(req, Instant::now())
+    }
+
+    /// Gives up one hold of `grant`; false if it no longer held the lock.
+    fn release_now(&self, grant: &Grant) -> bool {
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let Some(slot) = s.slots.get_mut(grant.name.as_str()) else {
+            return false;
+        };
+        if !slot.holds(grant, now) {
+            return false;
+        }
+        let h = slot.holder.as_mut().expect("held implies a holder");
+        h.count -= 1;
+        if h.count == 0 {
+            slot.holder = None;
+            if !slot.waiters.is_empty() {
+                slot.dispatch(&grant.name, now);
+            }
+        }
+        true
+    }
+}
+
 /// Removes a queued waiter if its acquire is dropped, and releases a grant that was handed to
 /// it after it stopped listening.
 struct QueuedWaiter<'a> {
@@ -285,13 +316,18 @@ impl DistributedLock for MemoryLock {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
         // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
         // lock calls must still let the runtime run its other tasks (the watchdog among them).
-        // Acquires spend it, releases do not: a loop that releases also acquires.
+        // Acquires spend it, releases do not: a loop that releases also acquires. (The
+        // conveniences spend it before calling `try_acquire_local`.)
         tokio::task::coop::consume_budget().await;
-        Ok(self
-            .store
-            .lock()
-            .slot(&req.name)
-            .try_grant(req, Instant::now()))
+        Ok(self.grant_now(req))
+    }
+
+    fn try_acquire_local(&self, req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
+        Some(Ok(self.grant_now(req)))
+    }
+
+    fn release_local(&self, grant: &Grant) -> Option<Result<bool>> {
+        Some(Ok(self.release_now(grant)))
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
@@ -358,23 +394,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        let mut s = self.store.lock();
-        let now = Instant::now();
-        let Some(slot) = s.slots.get_mut(grant.name.as_str()) else {
-            return Ok(false);
-        };
-        if !slot.holds(grant, now) {
-            return Ok(false);
-        }
-        let h = slot.holder.as_mut().expect("held implies a holder");
-        h.count -= 1;
-        if h.count == 0 {
-            slot.holder = None;
-            if !slot.waiters.is_empty() {
-                slot.dispatch(&grant.name, now);
-            }
-        }
-        Ok(true)
+        Ok(self.release_now(grant))
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

@@ -249,9 +249,14 @@ impl Watchdog {
         backend: Weak<dyn DistributedLock>,
         state: Arc<GrantState>,
         renew_ttl: Option<Duration>,
+        safe_until: Option<Instant>,
     ) -> u64 {
         let grant = &state.grant;
         let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
+        let first = match (safe_until, renew) {
+            (Some(a), Some((_, b))) => Some(a.min(b)),
+            (a, b) => a.or(b.map(|(_, at)| at)),
+        };
         let mut inner = lock(&self.shared.inner);
         let id = inner.insert(Entry {
             backend,
@@ -268,6 +273,11 @@ impl Watchdog {
             inner.task = tokio::runtime::Handle::try_current()
                 .ok()
                 .map(|h| h.spawn(run(self.shared.clone())));
+            return id;
+        }
+        // Most guards are released long before their first event: past the horizon, the
+        // sweep queues them when it comes near, and there is nothing to do now.
+        if first.is_none_or(|at| inner.horizon.is_some_and(|h| at >= h)) {
             return id;
         }
         let at = inner.schedule(id);

@@ -16,7 +16,7 @@ fn runtime() -> tokio::runtime::Runtime {
 #[test]
 fn guard_dropped_outside_a_runtime_leaves_the_lease_to_expire() {
     let store = MemoryStore::new();
-    let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+    let (a, b) = (Remote::new(&store), Arc::new(store.client()));
     let ttl = Duration::from_millis(300);
     let guard = runtime().block_on(async {
         a.try_lock_with("offline", &LockOptions::new().ttl(ttl))
@@ -42,9 +42,38 @@ fn guard_dropped_outside_a_runtime_leaves_the_lease_to_expire() {
 }
 
 #[test]
-fn guard_dropped_inside_a_runtime_releases_in_the_background() {
+fn in_process_guard_dropped_outside_a_runtime_releases_at_once() {
     let store = MemoryStore::new();
     let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let (guard, token) = runtime().block_on(async {
+        let g = a
+            .try_lock_with("local", &opts)
+            .await
+            .unwrap()
+            .expect("free");
+        let token = g.token();
+        (g, token)
+    });
+    // No runtime here, but the in-memory backend needs none to release.
+    drop(guard);
+    runtime().block_on(async {
+        assert_eq!(b.holder("local").await.unwrap(), None);
+        let g = b
+            .try_lock_with("local", &opts)
+            .await
+            .unwrap()
+            .expect("released by the drop, not left to its 60 s lease");
+        assert!(g.token() > token);
+        assert!(g.release().await.unwrap());
+        assert_eq!(a.core().guards_watched(), 0);
+    });
+}
+
+#[test]
+fn guard_dropped_inside_a_runtime_releases_in_the_background() {
+    let store = MemoryStore::new();
+    let (a, b) = (Remote::new(&store), Arc::new(store.client()));
     runtime().block_on(async {
         let g = a
             .try_lock_with("bg", &LockOptions::new().ttl(Duration::from_secs(60)))
@@ -124,6 +153,52 @@ fn watchdog_renews_a_lease_whose_renewal_is_beyond_the_first_sweep() {
         assert!(warm.release().await.unwrap());
         assert_eq!(a.core().guards_watched(), 0);
     });
+}
+
+/// A memory client seen as a networked backend would be: every call goes through the async
+/// primitives, with no in-process shortcut, so the drop tests reach the generic paths.
+struct Remote {
+    inner: distlock_api::MemoryLock,
+}
+
+impl Remote {
+    fn new(store: &MemoryStore) -> Arc<Self> {
+        Arc::new(Remote {
+            inner: store.client(),
+        })
+    }
+}
+
+#[distlock_api::async_trait]
+impl DistributedLock for Remote {
+    fn capabilities(&self) -> distlock_api::Capabilities {
+        self.inner.capabilities()
+    }
+    fn core(&self) -> &distlock_api::ClientCore {
+        self.inner.core()
+    }
+    async fn try_acquire(
+        &self,
+        req: &distlock_api::AcquireRequest,
+    ) -> distlock_api::Result<Option<distlock_api::Grant>> {
+        self.inner.try_acquire(req).await
+    }
+    async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {
+        self.inner.release(grant).await
+    }
+    async fn renew(
+        &self,
+        grant: &distlock_api::Grant,
+        ttl: Duration,
+    ) -> distlock_api::Result<Duration> {
+        self.inner.renew(grant, ttl).await
+    }
+    async fn inspect(
+        &self,
+        name: &distlock_api::LockName,
+    ) -> distlock_api::Result<Option<distlock_api::LockInfo>> {
+        self.inner.inspect(name).await
+    }
 }
 
 /// A memory client that confirms grants in batches of up to `BATCH`, recording each batch's
