@@ -1,5 +1,6 @@
 //! The MongoDB client handle and its [`DistributedLock`] implementation.
 
+use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
@@ -182,6 +183,39 @@ impl MongoLock {
         bounded(self.operation_timeout, what, op)
             .await
             .map_err(|e| e.with_lock(name))
+    }
+
+    /// Extends the lease of every lock among `names` that `owner` holds live, then reads back
+    /// which those are: the (name, token) pairs now renewed. Two requests for the whole batch.
+    async fn renew_held(
+        &self,
+        names: &[&str],
+        owner: &str,
+        ttl_ms: i64,
+    ) -> std::result::Result<HashSet<(String, i64)>, Error> {
+        let filter = commands::held_among(names, owner);
+        let update = self
+            .locks
+            .update_many(filter.clone(), commands::renew_pipeline(ttl_ms))
+            .into_future();
+        bounded(self.operation_timeout, "renew failed", update)
+            .await
+            .map_err(|e| e.error)?;
+        let read = async {
+            let cursor = self
+                .locks
+                .find(filter)
+                .projection(doc! { TOKEN: 1 })
+                .await?;
+            cursor.try_collect::<Vec<Document>>().await
+        };
+        let docs = bounded(self.operation_timeout, "renew failed", read)
+            .await
+            .map_err(|e| e.error)?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d.get_i64(TOKEN).ok()?)))
+            .collect())
     }
 
     /// One acquire attempt, through [`wait::detached`]: dropping the caller at any await point
@@ -526,6 +560,60 @@ impl DistributedLock for MongoLock {
         }
     }
 
+    fn renew_batch(&self) -> usize {
+        RENEW_BATCH
+    }
+
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        // Grants of one owner renewed for one TTL share a request pair; in practice that is
+        // every grant of the client.
+        let mut groups: Vec<((&str, i64), Vec<usize>)> = Vec::new();
+        for (i, (grant, ttl)) in grants.iter().enumerate() {
+            let key = (grant.owner.as_str(), ttl_millis(*ttl));
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+        let mut results: Vec<Option<Result<Duration>>> = grants.iter().map(|_| None).collect();
+        for ((owner, ttl_ms), members) in groups {
+            if let [i] = members[..] {
+                // One request instead of two.
+                results[i] = Some(self.renew(&grants[i].0, grants[i].1).await);
+                continue;
+            }
+            let names: Vec<&str> = members.iter().map(|&i| grants[i].0.name.as_str()).collect();
+            match self.renew_held(&names, owner, ttl_ms).await {
+                Ok(held) => {
+                    for &i in &members {
+                        let grant = &grants[i].0;
+                        let renewed = i64::try_from(grant.token.0)
+                            .is_ok_and(|t| held.contains(&(grant.name.as_str().to_owned(), t)));
+                        results[i] = Some(if renewed {
+                            Ok(Duration::from_millis(ttl_ms as u64))
+                        } else {
+                            Err(lost(
+                                &grant.name,
+                                "the lock is no longer held by this grant (expired, released \
+                                 or taken over)",
+                            ))
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in &members {
+                        let e = Error::new(e.kind(), e.to_string()).with_lock(&grants[i].0.name);
+                        results[i] = Some(Err(e));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
+            .collect()
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let Some(state) = read_state(&self.locks, self.operation_timeout, name)
             .await?
@@ -549,6 +637,9 @@ impl DistributedLock for MongoLock {
         }))
     }
 }
+
+/// How many grants one batch renewal confirms: two requests for up to this many locks.
+const RENEW_BATCH: usize = 64;
 
 /// A driver error mapped to ours, remembering whether it was a duplicate key.
 struct OpError {

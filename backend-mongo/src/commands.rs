@@ -110,6 +110,17 @@ pub(crate) fn held_by(name: &str, owner: &str, token: i64) -> Document {
     }
 }
 
+/// The filter of a batch renewal: which of `names` `owner` holds live. `$in` on `_id` is one
+/// index lookup per name on every server, which an `$or` of per-grant filters is not; each
+/// grant's token is checked afterwards, against what a read with this filter returns.
+pub(crate) fn held_among(names: &[&str], owner: &str) -> Document {
+    doc! {
+        "_id": { "$in": names },
+        OWNER: owner,
+        "$expr": { "$gt": [ "$expires_at", "$$NOW" ] },
+    }
+}
+
 /// Release: one hold less; at zero the lock is free (owner and expiry `null`). The document,
 /// and with it the fencing counter, stays.
 pub(crate) fn release_pipeline() -> Vec<Document> {

@@ -343,3 +343,76 @@ async fn tokens_keep_increasing_across_a_server_restart() {
     drop(c);
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_renewal_confirms_each_grant_by_its_own_token() {
+    let url = url();
+    let prefix = unique("fencing-batch");
+    let a = client(&url, "batch-a").await;
+    let names: Vec<String> = ["kept", "reissued", "freed"]
+        .iter()
+        .map(|n| format!("{prefix}{n}"))
+        .collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(a.try_lock(name).await.unwrap().expect("free"));
+    }
+    let kept_until = |docs: &[Document]| {
+        docs.iter()
+            .find(|d| d.get_str("_id") == Ok(names[0].as_str()))
+            .and_then(|d| d.get_datetime(fields::EXPIRES_AT).ok().copied())
+            .expect("the kept lock has an expiry")
+    };
+    let before = kept_until(&documents(&a, &prefix).await);
+    // Behind the guards' backs: "reissued" now carries a newer grant of the same owner (as if
+    // it had been freed and taken again by this client), and "freed" has no holder.
+    a.collection()
+        .update_one(
+            doc! { "_id": &names[1] },
+            doc! { "$inc": { fields::TOKEN: 1_i64 } },
+        )
+        .await
+        .unwrap();
+    a.collection()
+        .update_one(
+            doc! { "_id": &names[2] },
+            doc! { "$set": { fields::OWNER: Bson::Null, fields::COUNT: 0_i64, fields::EXPIRES_AT: Bson::Null } },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Longer than the 30 s the locks were taken with, so the kept one's expiry moves later.
+    let ttl = Duration::from_secs(60);
+    assert!(a.renew_batch() > 1, "the backend renews in batches");
+    let batch: Vec<_> = guards.iter().map(|g| (g.grant().clone(), ttl)).collect();
+    let results = a.renew_many(&batch).await;
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0].as_ref().ok(), Some(&ttl), "kept: {:?}", results[0]);
+    for (name, result) in names.iter().zip(&results).skip(1) {
+        assert_eq!(
+            result.as_ref().map_err(|e| e.kind()),
+            Err(ErrorKind::Lost),
+            "{name}: a grant that no longer holds its lock is not renewed"
+        );
+    }
+    let after = kept_until(&documents(&a, &prefix).await);
+    assert!(
+        after > before,
+        "the kept lock's lease was extended: {before} -> {after}"
+    );
+    let mut guards = guards.into_iter();
+    assert!(guards.next().unwrap().release().await.unwrap());
+    for g in guards {
+        let name = g.name().clone();
+        assert!(!g.release().await.unwrap(), "{name}: released a lock it had lost");
+    }
+    // "reissued" still names our owner under the newer token; clear it like its holder would.
+    a.collection()
+        .update_one(
+            doc! { "_id": &names[1] },
+            doc! { "$set": { fields::OWNER: Bson::Null, fields::COUNT: 0_i64, fields::EXPIRES_AT: Bson::Null } },
+        )
+        .await
+        .unwrap();
+    assert_no_owner(&a, &prefix).await;
+}
