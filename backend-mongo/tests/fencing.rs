@@ -387,7 +387,12 @@ async fn batch_renewal_confirms_each_grant_by_its_own_token() {
     let batch: Vec<_> = guards.iter().map(|g| (g.grant().clone(), ttl)).collect();
     let results = a.renew_many(&batch).await;
     assert_eq!(results.len(), 3);
-    assert_eq!(results[0].as_ref().ok(), Some(&ttl), "kept: {:?}", results[0]);
+    assert_eq!(
+        results[0].as_ref().ok(),
+        Some(&ttl),
+        "kept: {:?}",
+        results[0]
+    );
     for (name, result) in names.iter().zip(&results).skip(1) {
         assert_eq!(
             result.as_ref().map_err(|e| e.kind()),
@@ -404,7 +409,10 @@ async fn batch_renewal_confirms_each_grant_by_its_own_token() {
     assert!(guards.next().unwrap().release().await.unwrap());
     for g in guards {
         let name = g.name().clone();
-        assert!(!g.release().await.unwrap(), "{name}: released a lock it had lost");
+        assert!(
+            !g.release().await.unwrap(),
+            "{name}: released a lock it had lost"
+        );
     }
     // "reissued" still names our owner under the newer token; clear it like its holder would.
     a.collection()
