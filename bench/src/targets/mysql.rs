@@ -1,7 +1,8 @@
 //! MySQL/MariaDB. The floor is what the issue names as the least a lock cycle needs: the
 //! `INSERT` of the lock row and its conditional `DELETE`, in autocommit, into the backend's own
-//! table with the backend's column values, over an sqlx pool configured like the backend's
-//! (no ping before each use). The backend does more per cycle — a read before the insert and
+//! table with the backend's column values, over one raw sqlx connection (no pool: sqlx's pool
+//! pings every connection handed back to it, a round trip the floor must not pay). The backend
+//! does more per cycle — a read before the insert and
 //! a transaction that bumps the durable fencing counter with the grant — and the ratio shows
 //! what that costs.
 
@@ -10,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{OwnerId, SharedLock};
-use distlock_mysql::sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use distlock_mysql::sqlx::{self, AssertSqlSafe};
+use distlock_mysql::sqlx::mysql::MySqlConnection;
+use distlock_mysql::sqlx::{self, AssertSqlSafe, ConnectOptions};
 use distlock_mysql::{MysqlConfig, MysqlLock};
 
 use super::{Floor, FloorOps, Kind, Target};
@@ -53,15 +54,12 @@ impl Target for MysqlTarget {
     }
 
     async fn floor(&self) -> Res<Box<dyn Floor>> {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .test_before_acquire(false)
-            .connect_with(self.config.connect_options())
-            .await?;
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.config.connect_options().connect())
+            .await
+            .map_err(|_| "floor: no MySQL connection within the connect timeout")??;
         let table = self.config.lock_table_name();
         Ok(Box::new(MysqlFloor {
-            pool,
+            conn,
             insert: format!(
                 "INSERT INTO `{table}` (name, owner, hold_count, token, expires_at) \
                  VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
@@ -87,7 +85,7 @@ impl Target for MysqlTarget {
 }
 
 struct MysqlFloor {
-    pool: MySqlPool,
+    conn: MySqlConnection,
     /// `Arc<str>` so the driver's prepared-statement cache hits, as in the backend.
     insert: Arc<str>,
     delete: Arc<str>,
@@ -100,7 +98,7 @@ impl Floor for MysqlFloor {
     async fn cycle(&mut self, name: &str) -> Res<()> {
         self.token += 1;
         let (name, owner) = (name.as_bytes(), self.owner.as_str().as_bytes());
-        let mut conn = self.pool.acquire().await?;
+        let conn = &mut self.conn;
         sqlx::query(AssertSqlSafe(self.insert.clone()))
             .bind(name)
             .bind(owner)
