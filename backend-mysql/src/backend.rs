@@ -1,5 +1,6 @@
 //! [`MysqlLock`]: the lock table, the fencing counter, the sweeper and the trait impl.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,11 +15,12 @@ use sqlx::mysql::{
     MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
     MySqlQueryResult,
 };
-use sqlx::{AssertSqlSafe, Connection, Executor, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Connection, Executor, MySql, Row};
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
-use crate::renewal::Renewals;
+use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
 
@@ -68,6 +70,8 @@ struct Inner {
     renewals: Arc<Renewals>,
     sql: Statements,
     endpoint: String,
+    /// The limit on each server operation (see [`MysqlConfig::operation_timeout`]).
+    operation_timeout: Duration,
     backoff: (Duration, Duration),
     sweep_batch: u32,
     swept: AtomicU64,
@@ -139,13 +143,15 @@ impl MysqlLock {
         let holders = pool();
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
-        let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2);
+        let operation_timeout = config.operation_timeout_value();
+        let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
             pool: pool(),
             holders,
             renewals,
             sql,
             endpoint,
+            operation_timeout,
             backoff: config.backoff_value(),
             sweep_batch: config.sweep_batch_value(),
             swept: AtomicU64::new(0),
@@ -307,32 +313,50 @@ impl Inner {
         move |e| map_error(e, &what).with_lock(name)
     }
 
-    async fn conn(
-        &self,
-        pool: &MySqlPool,
-        name: &LockName,
-    ) -> Result<sqlx::pool::PoolConnection<sqlx::MySql>> {
-        pool.acquire()
+    /// A connection of `pool` for one operation on `name`, within the connect timeout.
+    async fn lend(&self, pool: &MySqlPool, name: &LockName) -> Result<Lent> {
+        Lent::from(pool)
             .await
             .map_err(self.err("getting a pooled connection", name))
+    }
+
+    /// The error of an operation on `name` that ran out of the operation timeout.
+    fn timed_out(&self, what: &str, name: &LockName) -> Error {
+        timed_out(
+            &format!("{what} on {}", self.endpoint),
+            self.operation_timeout,
+        )
+        .with_lock(name)
+    }
+
+    /// One acquire attempt within the operation timeout.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let mut conn = self.lend(&self.pool, &req.name).await?;
+        let outcome =
+            tokio::time::timeout(self.operation_timeout, self.attempt_on(&mut conn, req)).await;
+        conn.finish(outcome)
+            .unwrap_or_else(|| Err(self.timed_out("acquiring", &req.name)))
     }
 
     /// One acquire attempt: read the row, then try the one conditional write that fits what
     /// was read. The write re-checks everything it relies on, on the server, so a row that
     /// changed in between only costs another round.
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+    async fn attempt_on(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &AcquireRequest,
+    ) -> Result<Attempt> {
         let name = req.name.as_str().as_bytes();
         let owner = req.owner.as_str().as_bytes();
         let ttl_us = micros(req.ttl);
-        let mut conn = self.conn(&self.pool, &req.name).await?;
         for _ in 0..MAX_ROUNDS {
             let row = self
-                .read(&mut conn, name)
+                .read(conn, name)
                 .await
                 .map_err(self.err("reading the lock row", &req.name))?;
             let outcome = match row {
                 Some(r) if r.remaining_us > 0 && r.owner == owner => {
-                    self.join(&mut conn, req, r.token, ttl_us).await
+                    self.join(conn, req, r.token, ttl_us).await
                 }
                 Some(r) if r.remaining_us > 0 => {
                     let left = Duration::from_micros(r.remaining_us.unsigned_abs());
@@ -340,10 +364,7 @@ impl Inner {
                         expires_in: Some(left),
                     });
                 }
-                seen => {
-                    self.grant_fresh(&mut conn, req, seen.is_some(), ttl_us)
-                        .await
-                }
+                seen => self.grant_fresh(conn, req, seen.is_some(), ttl_us).await,
             };
             match outcome {
                 Ok(Some(grant)) => return Ok(Attempt::Granted(grant)),
@@ -466,11 +487,19 @@ impl Inner {
         }
     }
 
+    /// A release within the operation timeout.
     async fn release(&self, g: &Grant) -> Result<bool> {
+        let mut conn = self.lend(&self.holders, &g.name).await?;
+        let outcome =
+            tokio::time::timeout(self.operation_timeout, self.release_on(&mut conn, g)).await;
+        conn.finish(outcome)
+            .unwrap_or_else(|| Err(self.timed_out("releasing", &g.name)))
+    }
+
+    async fn release_on(&self, conn: &mut MySqlConnection, g: &Grant) -> Result<bool> {
         let name = g.name.as_str().as_bytes();
         let owner = g.owner.as_str().as_bytes();
         let token = g.token.0;
-        let mut conn = self.conn(&self.holders, &g.name).await?;
         let fail = || self.err("releasing", &g.name);
         let exec = |sql: &Arc<str>| {
             sqlx::query(AssertSqlSafe(sql.clone()))
@@ -548,7 +577,11 @@ impl Inner {
             })?
             .map_err(|e| {
                 let what = format!("renewing on {}", self.endpoint);
-                error_from(&e.0, &what, e.clone()).with_lock(&g.name)
+                match e {
+                    BatchError::Driver(e) => error_from(&e.0, &what, e.clone()),
+                    BatchError::TimedOut => timed_out(&what, self.operation_timeout),
+                }
+                .with_lock(&g.name)
             })?;
         if renewed {
             Ok(Duration::from_micros(ttl_us))
@@ -565,10 +598,15 @@ impl Inner {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let mut conn = self.conn(&self.pool, name).await?;
-        let row = self
-            .read(&mut conn, name.as_str().as_bytes())
-            .await
+        let mut conn = self.lend(&self.pool, name).await?;
+        let outcome = tokio::time::timeout(
+            self.operation_timeout,
+            self.read(&mut conn, name.as_str().as_bytes()),
+        )
+        .await;
+        let row = conn
+            .finish(outcome)
+            .ok_or_else(|| self.timed_out("reading the lock row", name))?
             .map_err(self.err("reading the lock row", name))?;
         let Some(r) = row.filter(|r| r.remaining_us > 0) else {
             return Ok(None);
@@ -592,32 +630,125 @@ impl Inner {
         }))
     }
 
-    /// Deletes expired rows in batches until a batch comes back short.
+    /// Deletes expired rows in batches until a batch comes back short, on one connection; each
+    /// statement within the operation timeout.
     async fn sweep(&self) -> Result<u64> {
+        let what = || format!("sweeping expired rows on {}", self.endpoint);
+        let mut conn = Lent::from(&self.pool)
+            .await
+            .map_err(|e| map_error(e, &what()))?;
         let mut total = 0;
         loop {
-            let deleted = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+            let statement = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
                 .bind(self.sweep_batch)
-                .execute(&self.pool)
-                .await;
+                .execute(&mut *conn);
+            let Ok(deleted) = tokio::time::timeout(self.operation_timeout, statement).await else {
+                // `conn` is closed on return, ending the statement on the server too.
+                return Err(timed_out(&what(), self.operation_timeout));
+            };
             let deleted = match deleted {
                 Ok(d) => d.rows_affected(),
                 // Lost a lock race with an acquire or renewal; the next sweep catches up.
                 Err(e) if is_conflict(&e) => 0,
                 Err(e) => {
-                    let what = format!("sweeping expired rows on {}", self.endpoint);
-                    return Err(map_error(e, &what));
+                    conn.give_back();
+                    return Err(map_error(e, &what()));
                 }
             };
             total += deleted;
             self.swept.fetch_add(deleted, Ordering::Relaxed);
             if deleted < u64::from(self.sweep_batch) {
+                conn.give_back();
                 return Ok(total);
             }
             // Let acquires and renewals queued behind this batch's row locks go first.
             tokio::task::yield_now().await;
         }
     }
+}
+
+/// A pooled connection lent to one server operation. It goes back to the pool only through
+/// [`give_back`](Lent::give_back) (or [`finish`](Lent::finish)), once the operation has come to
+/// an end: an answer, or an error from the driver. Dropped otherwise — the operation ran out of
+/// the operation timeout, or its future was dropped in the middle of a statement — it is closed
+/// on the spot: detached from the pool, which frees its slot at once, and its socket closed
+/// without a word to the server, so closing never waits for a server that does not answer.
+///
+/// Returned to the pool instead, sqlx would ping it first, with no time limit, in a task that
+/// keeps its pool slot for as long as a paused server stays silent; and the next user could
+/// find a statement or a transaction cut short on it. When the server reads the closed socket it
+/// ends the session, which rolls back any transaction that was left open.
+pub(crate) struct Lent(Option<PoolConnection<MySql>>);
+
+impl Lent {
+    /// A connection of `pool`, within the pool's acquire timeout (the connect timeout).
+    pub(crate) async fn from(pool: &MySqlPool) -> sqlx::Result<Self> {
+        Ok(Self(Some(pool.acquire().await?)))
+    }
+
+    /// The operation is over and left the connection idle: back to the pool with it.
+    pub(crate) fn give_back(mut self) {
+        drop(self.0.take());
+    }
+
+    /// Ends an operation run under `tokio::time::timeout`: gives the connection back and
+    /// returns the operation's result if it finished in time; closes the connection and
+    /// returns `None` if it ran out of time.
+    pub(crate) fn finish<T>(
+        self,
+        outcome: std::result::Result<T, tokio::time::error::Elapsed>,
+    ) -> Option<T> {
+        match outcome {
+            Ok(v) => {
+                self.give_back();
+                Some(v)
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+impl Deref for Lent {
+    type Target = MySqlConnection;
+
+    fn deref(&self) -> &MySqlConnection {
+        self.0
+            .as_deref()
+            .expect("a lent connection is there until it is given back")
+    }
+}
+
+impl DerefMut for Lent {
+    fn deref_mut(&mut self) -> &mut MySqlConnection {
+        self.0
+            .as_deref_mut()
+            .expect("a lent connection is there until it is given back")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            // Detached, the pool forgets it (and may open a replacement); dropping the bare
+            // connection closes its socket synchronously.
+            drop(conn.detach());
+        }
+    }
+}
+
+/// The error of an operation that got no answer within the operation timeout: temporary
+/// `Unavailable`, like any other unreachable server. `what` says what ran out of time, and
+/// where.
+pub(crate) fn timed_out(what: &str, limit: Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "{what} failed: no answer from the MySQL server within the operation timeout of \
+             {limit:?}"
+        ),
+    )
+    .with_backend(BACKEND)
+    .temporary(true)
 }
 
 async fn sweep_loop(inner: Arc<Inner>, every: Duration) {

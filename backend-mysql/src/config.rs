@@ -15,6 +15,14 @@ pub const DEFAULT_FENCING_TABLE: &str = "distlock_fencing";
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 /// The default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default limit on one server operation (an acquire attempt, a release, a batch of
+/// renewals, a read, a sweep statement): 5 s, the same as the connect timeout and Redis's and
+/// etcd's per-request limits. Every statement of this backend is a point read or write of one
+/// row (or one batch of them) that a healthy server answers in milliseconds, so 5 s only ever
+/// cuts off a server that is paused, partitioned or stuck; yet it is short enough that a
+/// watchdog renewal (every TTL/3, 10 s with the default 30 s lease) that meets such a server
+/// fails, and can be retried on a fresh connection, well within the lease.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// The default pause between two sweeps of expired rows.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// The default number of rows one sweep statement deletes at most.
@@ -27,6 +35,7 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
 const MAX_POOL_SIZE: u32 = 1_000;
 const MAX_SWEEP_BATCH: u32 = 10_000;
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// MySQL and MariaDB limit identifiers to 64 characters.
 const MAX_IDENTIFIER_LEN: usize = 64;
@@ -46,6 +55,7 @@ const MAX_IDENTIFIER_LEN: usize = 64;
 ///     "mysql://app:secret@db.internal:3306/app?pool_size=4&lock_table=app_locks",
 /// )?
 /// .connect_timeout(Duration::from_secs(2))
+/// .operation_timeout(Duration::from_secs(3))
 /// .sweep_interval(Some(Duration::from_secs(30)));
 /// assert_eq!(config.lock_table_name(), "app_locks");
 /// assert_eq!(config.pool_size_value(), 4);
@@ -64,6 +74,7 @@ pub struct MysqlConfig {
     sweep_interval: Option<Duration>,
     sweep_batch: u32,
     connect_timeout: Duration,
+    operation_timeout: Duration,
     default_ttl: Duration,
     owner: Option<OwnerId>,
     create_tables: bool,
@@ -75,7 +86,8 @@ impl MysqlConfig {
     ///
     /// The user and password are optional and percent-decoded; the port defaults to 3306; the
     /// database is required. Query parameters set options: `pool_size`, `lock_table`,
-    /// `fencing_table`, `connect_timeout_ms`, `sweep_interval_ms` (`0` turns the sweeper off),
+    /// `fencing_table`, `connect_timeout_ms`, `operation_timeout_ms`, `sweep_interval_ms` (`0`
+    /// turns the sweeper off),
     /// `sweep_batch`, `default_ttl_ms`, `owner`, `create_tables` (`true`/`false`). Anything
     /// else, including a malformed URL, is an `InvalidArgument` (so a typo is not ignored).
     pub fn from_url(url: &str) -> Result<Self> {
@@ -147,6 +159,7 @@ impl MysqlConfig {
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
             sweep_batch: DEFAULT_SWEEP_BATCH,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             default_ttl: DEFAULT_TTL,
             owner: None,
             create_tables: true,
@@ -168,6 +181,7 @@ impl MysqlConfig {
             "lock_table" => self.lock_table = value.to_string(),
             "fencing_table" => self.fencing_table = value.to_string(),
             "connect_timeout_ms" => self.connect_timeout = millis(value)?,
+            "operation_timeout_ms" => self.operation_timeout = millis(value)?,
             "sweep_interval_ms" => {
                 let d = millis(value)?;
                 self.sweep_interval = (!d.is_zero()).then_some(d);
@@ -197,8 +211,8 @@ impl MysqlConfig {
             other => {
                 return Err(format!(
                     "unknown MySQL URL parameter {other:?} (known: pool_size, lock_table, \
-                     fencing_table, connect_timeout_ms, sweep_interval_ms, sweep_batch, \
-                     default_ttl_ms, owner, create_tables)"
+                     fencing_table, connect_timeout_ms, operation_timeout_ms, \
+                     sweep_interval_ms, sweep_batch, default_ttl_ms, owner, create_tables)"
                 ))
             }
         }
@@ -227,6 +241,12 @@ impl MysqlConfig {
             return invalid(format!(
                 "connect timeout {:?} is outside (0, {MAX_CONNECT_TIMEOUT:?}]",
                 self.connect_timeout
+            ));
+        }
+        if self.operation_timeout.is_zero() || self.operation_timeout > MAX_OPERATION_TIMEOUT {
+            return invalid(format!(
+                "operation timeout {:?} is outside (0, {MAX_OPERATION_TIMEOUT:?}]",
+                self.operation_timeout
             ));
         }
         if let Some(every) = self.sweep_interval {
@@ -300,6 +320,19 @@ impl MysqlConfig {
         self
     }
 
+    /// How long one server operation may take before it fails with a temporary
+    /// `Unavailable` (default 5 s, [`DEFAULT_OPERATION_TIMEOUT`]): an acquire attempt (a
+    /// `try_acquire`, or each poll of a waiting `acquire`), a release, a batch of renewals, an
+    /// `inspect`, one sweep statement. It starts once the operation has its pooled connection
+    /// (the wait for that one is bounded by the connect timeout). The connection of an operation
+    /// that ran out of time is closed, never reused, so a transaction it left open ends with it.
+    /// A server that is paused or cut off by a network that drops packets silently would
+    /// otherwise hold each call until it resumes, or until TCP gives up (many minutes).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
     /// The lease of watchdog-managed locks when the caller sets none (default 30 s).
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
@@ -354,6 +387,11 @@ impl MysqlConfig {
     /// The connect timeout.
     pub fn connect_timeout_value(&self) -> Duration {
         self.connect_timeout
+    }
+
+    /// The operation timeout.
+    pub fn operation_timeout_value(&self) -> Duration {
+        self.operation_timeout
     }
 
     /// The default lease of watchdog-managed locks.
@@ -423,6 +461,7 @@ impl fmt::Debug for MysqlConfig {
             .field("sweep_interval", &self.sweep_interval)
             .field("sweep_batch", &self.sweep_batch)
             .field("connect_timeout", &self.connect_timeout)
+            .field("operation_timeout", &self.operation_timeout)
             .field("default_ttl", &self.default_ttl)
             .field("owner", &self.owner)
             .field("create_tables", &self.create_tables)
@@ -475,7 +514,7 @@ mod tests {
     fn full_url_is_parsed() {
         let c = MysqlConfig::from_url(
             "mysql://us%40er:p%3Ass@db.example:3307/my_db?pool_size=3&lock_table=l1&fencing_table=f1\
-             &connect_timeout_ms=1500&sweep_interval_ms=250&sweep_batch=7&default_ttl_ms=900\
+             &connect_timeout_ms=1500&operation_timeout_ms=2500&sweep_interval_ms=250&sweep_batch=7&default_ttl_ms=900\
              &owner=w-1&create_tables=false",
         )
         .unwrap();
@@ -487,6 +526,7 @@ mod tests {
         assert_eq!(c.lock_table_name(), "l1");
         assert_eq!(c.fencing_table_name(), "f1");
         assert_eq!(c.connect_timeout_value(), Duration::from_millis(1500));
+        assert_eq!(c.operation_timeout_value(), Duration::from_millis(2500));
         assert_eq!(c.sweep_interval_value(), Some(Duration::from_millis(250)));
         assert_eq!(c.sweep_batch_value(), 7);
         assert_eq!(c.default_ttl_value(), Duration::from_millis(900));
@@ -507,6 +547,9 @@ mod tests {
         assert_eq!(c.fencing_table_name(), DEFAULT_FENCING_TABLE);
         assert_eq!(c.sweep_interval_value(), Some(DEFAULT_SWEEP_INTERVAL));
         assert_eq!(c.pool_size_value(), DEFAULT_POOL_SIZE);
+        assert_eq!(c.connect_timeout_value(), DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.operation_timeout_value(), DEFAULT_OPERATION_TIMEOUT);
+        assert!(format!("{c:?}").contains("operation_timeout: 5s"), "{c:?}");
         let c = MysqlConfig::from_url("mysql://u@[::1]:3310/d?sweep_interval_ms=0").unwrap();
         assert_eq!(c.endpoint(), "[::1]:3310");
         assert_eq!(c.sweep_interval_value(), None);
@@ -532,6 +575,10 @@ mod tests {
             "mysql://127.0.0.1/db?lock_table=",
             "mysql://127.0.0.1/db?fencing_table=distlock_locks",
             "mysql://127.0.0.1/db?connect_timeout_ms=0",
+            "mysql://127.0.0.1/db?operation_timeout_ms=0",
+            "mysql://127.0.0.1/db?operation_timeout_ms=600001",
+            "mysql://127.0.0.1/db?operation_timeout_ms=-1",
+            "mysql://127.0.0.1/db?operation_timeout=5000",
             "mysql://127.0.0.1/db?sweep_batch=0",
             "mysql://127.0.0.1/db?default_ttl_ms=0",
             "mysql://127.0.0.1/db?owner=bad%20owner",
@@ -544,6 +591,11 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
             assert_eq!(e.backend(), Some("mysql"), "{bad}: {e}");
         }
+        let unknown = MysqlConfig::from_url("mysql://127.0.0.1/db?poolsize=3").unwrap_err();
+        assert!(
+            unknown.to_string().contains("operation_timeout_ms"),
+            "the known parameters are listed: {unknown}"
+        );
         let long = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(65));
         assert!(MysqlConfig::from_url(&long).is_err());
         let ok = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(64));
@@ -559,6 +611,9 @@ mod tests {
             base.clone().fencing_table("x y"),
             base.clone().lock_table("same").fencing_table("SAME"),
             base.clone().connect_timeout(Duration::ZERO),
+            base.clone().operation_timeout(Duration::ZERO),
+            base.clone()
+                .operation_timeout(MAX_OPERATION_TIMEOUT + Duration::from_millis(1)),
             base.clone().sweep_interval(Some(Duration::from_micros(10))),
             base.clone().sweep_batch(MAX_SWEEP_BATCH + 1),
             base.clone().default_ttl(Duration::ZERO),
@@ -572,6 +627,7 @@ mod tests {
             .lock_table("Locks$2")
             .fencing_table("fence_2")
             .sweep_interval(None)
+            .operation_timeout(MAX_OPERATION_TIMEOUT)
             .validate()
             .is_ok());
     }

@@ -12,13 +12,22 @@
 //! reports its own result. The batch holds the row locks it takes until it commits, so a row
 //! renewed early in the batch cannot be taken over before the commit makes the new lease
 //! visible; rows are visited in name order so two batches never deadlock on each other.
+//!
+//! Each batch, its commit and any retries after a lock conflict included, runs within the
+//! client's operation timeout. A batch that
+//! runs out of it answers every renewal in it with a temporary `Unavailable` and closes its
+//! connection (see [`Lent`]), which ends the open transaction on the server without a commit:
+//! none of the batch's renewals took effect, or, if the commit was already on its way, all did.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::backend::Lent;
 
 /// The most renewals one transaction carries.
 const MAX_BATCH: usize = 64;
@@ -33,7 +42,16 @@ struct Job {
     token: u64,
     ttl_us: u64,
     /// `Ok(true)`: renewed; `Ok(false)`: the grant no longer holds the lock.
-    reply: oneshot::Sender<Result<bool, SharedError>>,
+    reply: oneshot::Sender<Result<bool, BatchError>>,
+}
+
+/// Why a batch failed, as every renewal in it is told.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchError {
+    /// The driver's error.
+    Driver(SharedError),
+    /// No answer within the operation timeout; the batch's connection was closed.
+    TimedOut,
 }
 
 /// The error of a failed batch, shared by every renewal in it (driver errors cannot be cloned).
@@ -59,15 +77,23 @@ pub(crate) struct Renewals {
     flushers: Arc<Semaphore>,
     pool: MySqlPool,
     renew_sql: Arc<str>,
+    /// The limit on one batch, its commit included.
+    operation_timeout: Duration,
 }
 
 impl Renewals {
-    pub(crate) fn new(pool: MySqlPool, renew_sql: Arc<str>, flushers: usize) -> Arc<Self> {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        renew_sql: Arc<str>,
+        flushers: usize,
+        operation_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             queue: Mutex::new(Vec::new()),
             flushers: Arc::new(Semaphore::new(flushers.max(1))),
             pool,
             renew_sql,
+            operation_timeout,
         })
     }
 
@@ -84,7 +110,7 @@ impl Renewals {
         owner: &[u8],
         token: u64,
         ttl_us: u64,
-    ) -> Option<Result<bool, SharedError>> {
+    ) -> Option<Result<bool, BatchError>> {
         let (reply, rx) = oneshot::channel();
         self.queue().push(Job {
             name: name.to_vec(),
@@ -120,11 +146,11 @@ impl Renewals {
     /// Runs batches until the queue is empty. The connection is taken *before* the batch, so
     /// renewals that arrive while it waits for one ride along.
     async fn drain(&self) {
-        let mut conn = match self.pool.acquire().await {
+        let mut conn = match Lent::from(&self.pool).await {
             Ok(c) => c,
             Err(e) => {
                 let batch: Vec<Job> = self.queue().drain(..).collect();
-                fail(batch, e);
+                fail(batch, driver(e));
                 return;
             }
         };
@@ -135,18 +161,20 @@ impl Renewals {
                 q.drain(..n).collect::<Vec<_>>()
             };
             if batch.is_empty() {
+                conn.give_back();
                 return;
             }
             batch.sort_by(|a, b| a.name.cmp(&b.name));
-            let mut attempt = 0;
-            let outcome = loop {
-                attempt += 1;
-                match self.execute(&mut conn, &batch).await {
-                    Err(e) if crate::backend::is_conflict(&e) && attempt < CONFLICT_RETRIES => {
-                        continue
-                    }
-                    other => break other,
-                }
+            let outcome = tokio::time::timeout(
+                self.operation_timeout,
+                self.execute_retrying(&mut conn, &batch),
+            )
+            .await;
+            let Ok(outcome) = outcome else {
+                // Returning drops `conn`, which closes it: the transaction ends uncommitted
+                // unless its commit had already left.
+                fail(batch, BatchError::TimedOut);
+                return;
             };
             match outcome {
                 Ok(results) => {
@@ -155,10 +183,29 @@ impl Renewals {
                     }
                 }
                 Err(e) => {
-                    fail(batch, e);
-                    // The connection may be broken; the next batch takes a fresh one.
+                    fail(batch, driver(e));
+                    // The connection may be broken (the pool tests it before reuse); the next
+                    // batch takes a fresh one.
+                    conn.give_back();
                     return;
                 }
+            }
+        }
+    }
+
+    /// [`execute`](Self::execute), again after a lock conflict that rolled the batch back, up
+    /// to [`CONFLICT_RETRIES`] times in all.
+    async fn execute_retrying(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &[Job],
+    ) -> sqlx::Result<Vec<bool>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.execute(conn, batch).await {
+                Err(e) if crate::backend::is_conflict(&e) && attempt < CONFLICT_RETRIES => continue,
+                other => return other,
             }
         }
     }
@@ -192,9 +239,12 @@ impl Renewals {
     }
 }
 
+fn driver(e: sqlx::Error) -> BatchError {
+    BatchError::Driver(SharedError(Arc::new(e)))
+}
+
 /// Answers every renewal of a failed batch with the (shared) error.
-fn fail(batch: Vec<Job>, e: sqlx::Error) {
-    let e = SharedError(Arc::new(e));
+fn fail(batch: Vec<Job>, e: BatchError) {
     for job in batch {
         let _ = job.reply.send(Err(e.clone()));
     }
