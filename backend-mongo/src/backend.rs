@@ -638,8 +638,12 @@ impl DistributedLock for MongoLock {
     }
 }
 
-/// How many grants one batch renewal confirms: two requests for up to this many locks.
-const RENEW_BATCH: usize = 64;
+/// How many grants one batch renewal confirms: two requests for up to this many locks. The
+/// names go in one `$in` list (at most 255 bytes each, so a request stays far below MongoDB's
+/// 16 MiB document limit). Large, because a request's cost on the test server is mostly fixed:
+/// with 10,000 lock documents it confirmed 3.6k locks a second in batches of 64, 11k in batches
+/// of 256 and 23k in batches of 1,024.
+const RENEW_BATCH: usize = 512;
 
 /// A driver error mapped to ours, remembering whether it was a duplicate key.
 struct OpError {
