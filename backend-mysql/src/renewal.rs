@@ -14,10 +14,10 @@
 //! visible; rows are visited in name order so two batches never deadlock on each other.
 //!
 //! Each batch, its commit and any retries after a lock conflict included, runs within the
-//! client's operation timeout. A batch that
-//! runs out of it answers every renewal in it with a temporary `Unavailable` and closes its
-//! connection (see [`Lent`]), which ends the open transaction on the server without a commit:
-//! none of the batch's renewals took effect, or, if the commit was already on its way, all did.
+//! client's operation timeout. A batch that runs out of it answers every renewal in it with a
+//! temporary `Unavailable` and closes its connection (see [`Lent`]), which ends the open
+//! transaction on the server without a commit: none of the batch's renewals took effect, or, if
+//! the commit was already on its way, all did.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
