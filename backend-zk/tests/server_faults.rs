@@ -1,6 +1,7 @@
 //! Real server faults, on a private throw-away ZooKeeper that each test starts itself (see
 //! `private_zk`): the server killed with SIGKILL and restarted on its data directory within
-//! the session timeout, and the server frozen with SIGSTOP for longer than the session timeout.
+//! the session timeout, and the server frozen with SIGSTOP for longer than the session timeout
+//! (a holder's lost signal, and calls that must fail rather than hang).
 //!
 //! Java and the Debian `zookeeper` package must be installed (`scripts/services up zookeeper`);
 //! without them the tests fail and say so. `DISTLOCK_SKIP=zk` skips them, printed.
@@ -457,4 +458,78 @@ async fn paused_server_fires_lost_by_safe_until_and_the_next_holder_gets_a_great
     drop((holder, other));
     drop(server);
     eprintln!("pause test took {} ms", ms(test_started.elapsed()));
+}
+
+/// Each request may take the session timeout (or the connect timeout, if longer) before it
+/// counts as lost; an acquire that then cleans up its queue node retries the delete for up to
+/// three of those (at least 10 s) unless the session ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_paused_server_fail_with_unavailable_within_their_bounds() {
+    if skip("calls_to_a_paused_server_fail_with_unavailable_within_their_bounds") {
+        return;
+    }
+    let server = block_in_place(PrivateZk::start);
+    let session = Duration::from_secs(2);
+    let config = ZkConfig::from_url(&server.url())
+        .and_then(|c| c.session_timeout(session))
+        .and_then(|c| c.connect_timeout(session))
+        .expect("config of the private server");
+    let client = Arc::new(ZkLock::connect(config).await.expect("connect"));
+    // An open session with its requests answered before the pause.
+    let warm = client
+        .try_lock(&unique("warm"))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(warm.release().await.unwrap());
+
+    server.pause();
+    let op = session; // max(session timeout, connect timeout)
+    let bound = (op * 3).max(Duration::from_secs(10)) + op + Duration::from_secs(2);
+    let started = Instant::now();
+    let attempt = tokio::time::timeout(bound * 2, client.try_lock(&unique("paused"))).await;
+    let took = started.elapsed();
+    eprintln!("try_lock against the paused server ended after {took:?}");
+    let err = match attempt {
+        Err(_) => panic!("try_lock hung: no answer after {:?}", bound * 2),
+        Ok(Ok(_)) => panic!("try_lock succeeded against a paused server"),
+        Ok(Err(e)) => e,
+    };
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_temporary(), "{err}");
+    assert!(
+        took <= bound,
+        "try_lock took {took:?}, over its bound of {bound:?}"
+    );
+
+    let started = Instant::now();
+    let asked = tokio::time::timeout(bound * 2, client.holder("paused-holder")).await;
+    let took = started.elapsed();
+    eprintln!("holder() against the paused server ended after {took:?}");
+    let err = asked
+        .expect("holder() hung")
+        .expect_err("holder() answered from a paused server");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        took <= op + Duration::from_secs(2),
+        "holder() took {took:?}"
+    );
+
+    server.resume();
+    // The client comes back with a new session and locks again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match client.try_lock(&unique("after")).await {
+            Ok(Some(g)) => {
+                assert!(g.release().await.unwrap());
+                break;
+            }
+            other => assert!(
+                Instant::now() < deadline,
+                "the client did not recover after the resume: {:?}",
+                other.map(|g| g.is_some())
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
