@@ -192,7 +192,7 @@ impl MongoLock {
         names: &[&str],
         owner: &str,
         ttl_ms: i64,
-    ) -> std::result::Result<HashSet<(String, i64)>, Error> {
+    ) -> Result<HashSet<(String, i64)>> {
         let filter = commands::held_among(names, owner);
         let update = self
             .locks

@@ -225,9 +225,8 @@ impl PrivateServer {
     }
 
     fn start(exe: PathBuf) -> Self {
-        let port = (0..50)
-            .map(|_| 20000 + (distlock_conformance::unique_suffix() % 1000) as u16)
-            .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        let port = distlock_conformance::free_ports(20000..21000)
+            .next()
             .expect("a free port in 20000-20999");
         let dir = std::env::temp_dir().join(format!(
             "distlock-mongo-restart-{port}-{}",

@@ -1222,17 +1222,6 @@ async fn new_holder_still_holds(other: &Arc<dyn DistributedLock>, name: &str, g:
     assert_eq!(&info.owner, other.core().owner());
 }
 
-/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
-async fn signal(pid: u32, signal: &str) {
-    let status = tokio::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .await
-        .expect("run kill(1)");
-    assert!(status.success(), "kill -{signal} {pid} failed: {status}");
-}
-
 /// A holder frozen past its lease (a stop-the-world pause, a suspended VM): the server frees the
 /// lock, a new holder gets a greater token, and when the old holder runs again its guard says
 /// lost and its late release does not free the new holder's lock.
@@ -1248,9 +1237,9 @@ async fn paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it(cx:
         other.try_lock(&name).await.unwrap().is_none(),
         "the holder process does not hold it"
     );
-    signal(pid, "STOP").await;
+    crate::send_signal(pid, "STOP");
     let g = take_over(&other, &name, child_token, "paused").await;
-    signal(pid, "CONT").await;
+    crate::send_signal(pid, "CONT");
     stdin.write_all(b"CHECK\n").await.expect("ask the holder");
     stdin.flush().await.expect("ask the holder");
     let line = holder.next_line("report after the pause").await;

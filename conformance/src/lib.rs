@@ -15,9 +15,11 @@
 
 pub mod cases;
 mod harness;
+mod local;
 mod proxy;
 mod runner;
 
 pub use harness::Harness;
+pub use local::{free_ports, send_signal};
 pub use proxy::{hosts_of, reroute, Proxy};
 pub use runner::{run, skipped_by_env, unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};

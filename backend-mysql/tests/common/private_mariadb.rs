@@ -7,7 +7,6 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -150,12 +149,7 @@ impl PrivateMariadb {
         .expect("write init.sql");
         // Pick a port nobody listens on; if another process takes it between our check and
         // the server's bind, the server exits and the next port is tried.
-        let first = (salt % u64::from(PORTS.len() as u16)) as u16;
-        for i in 0..PORTS.len() as u16 {
-            let port = PORTS.start + (first + i) % PORTS.len() as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_err() {
-                continue;
-            }
+        for port in distlock_conformance::free_ports(PORTS) {
             server.port = port;
             match server.spawn_and_wait().await {
                 Ok(took) => {
@@ -301,13 +295,7 @@ impl PrivateMariadb {
 
     /// Sends `signal` (`STOP`, `CONT`, …) to the server process.
     pub fn signal(&self, signal: &str) {
-        let pid = self.pid();
-        let ok = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(pid.to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{signal} {pid} failed");
+        distlock_conformance::send_signal(self.pid(), signal);
     }
 
     /// Kills the server with SIGKILL, as a crash or the OOM killer would (no clean shutdown:

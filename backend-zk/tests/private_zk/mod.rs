@@ -5,7 +5,7 @@
 //! process kills it too should the test process die without dropping it (a nextest timeout).
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,13 +47,8 @@ impl PrivateZk {
         };
         // Another test may take the port between our bind check and the server's bind: then our
         // server exits and the next free port is tried.
-        let first = distlock_conformance::unique_suffix() as u16 % PORTS.len() as u16;
         let mut tried = Vec::new();
-        for i in 0..PORTS.len() as u16 {
-            let port = PORTS.start + (first + i) % PORTS.len() as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_err() {
-                continue;
-            }
+        for port in distlock_conformance::free_ports(PORTS) {
             zk.port = port;
             zk.write_config();
             match zk.spawn() {
@@ -133,13 +128,7 @@ impl PrivateZk {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.pid();
-        let ok = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(pid.to_string())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{signal} {pid} failed");
+        distlock_conformance::send_signal(self.pid(), signal);
     }
 
     fn write_config(&self) {
