@@ -218,13 +218,14 @@ impl Plan {
             }
         };
         let renew = renew.filter(|_| caps.renewal);
+        crate::grant::check_ttl(ttl).map_err(with_ctx)?;
         let owner = options
             .owner
             .clone()
             .unwrap_or_else(|| core.owner().clone());
-        let req = AcquireRequest::new(name.clone(), owner, ttl).map_err(with_ctx)?;
         Ok(Self {
-            req,
+            // Checked above; built in place so the name moves in rather than being cloned.
+            req: AcquireRequest { name, owner, ttl },
             renew,
             leased: caps.ttl.kind != LeaseKind::None,
         })

@@ -245,10 +245,14 @@ impl MemoryLock {
 impl MemoryLock {
     /// The acquire attempt: granted at once if free or held by `req.owner`.
     fn grant_now(&self, req: &AcquireRequest) -> Option<Grant> {
-        self.store
-            .lock()
-            .slot(&req.name)
-            .try_grant(req, Instant::now())
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        // A name locked before (the common case) is found by `&str`, without the reference-count
+        // traffic of `slot`'s owned key.
+        if let Some(slot) = s.slots.get_mut(req.name.as_str()) {
+            return slot.try_grant(req, now);
+        }
+        s.slot(&req.name).try_grant(req, now)
     }
 
     /// Gives up one hold of `grant`; false if it no longer held the lock.
