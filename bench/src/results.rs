@@ -238,8 +238,12 @@ pub(crate) struct ManyHeld {
     pub(crate) granted_ttl_ms: u64,
     /// Time to acquire them all (32 at a time).
     pub(crate) acquire_s: f64,
-    /// Time to release them all (32 at a time).
+    /// Time to release them all (32 at a time), or until the time budget ran out.
     pub(crate) release_s: f64,
+    /// Locks released within the time budget; the rest are dropped, which releases them in the
+    /// background. `None` in reports from before it was counted.
+    #[serde(default)]
+    pub(crate) released: Option<usize>,
     pub(crate) rss_before_bytes: u64,
     pub(crate) rss_holding_bytes: u64,
     /// (holding − before) ÷ locks.

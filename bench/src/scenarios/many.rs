@@ -60,7 +60,7 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
     let lost = guards.iter().filter(|g| g.is_lost()).count();
 
     let released = Instant::now();
-    release_all(guards, plan.many_budget).await?;
+    let released_count = release_all(guards, plan.many_budget).await?;
     let release = released.elapsed();
 
     Ok(ManyHeld {
@@ -70,6 +70,7 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
         granted_ttl_ms: millis(granted),
         acquire_s: acquire.as_secs_f64(),
         release_s: release.as_secs_f64(),
+        released: Some(released_count),
         rss_before_bytes: rss_before,
         rss_holding_bytes: rss_holding,
         bytes_per_lock: rss_holding.saturating_sub(rss_before) as f64 / held.max(1) as f64,
@@ -120,17 +121,19 @@ async fn acquire_all(
     Ok(guards)
 }
 
-/// Releases every guard, `CONCURRENCY` at a time, within `budget`; guards left after it are
-/// dropped, which releases them in the background.
-async fn release_all(guards: Vec<LockGuard>, budget: Duration) -> Res<()> {
+/// Releases every guard, `CONCURRENCY` at a time, within `budget`, and returns how many it
+/// released; guards left after it are dropped, which releases them in the background.
+async fn release_all(guards: Vec<LockGuard>, budget: Duration) -> Res<usize> {
     let mut releasing = stream::iter(guards)
         .map(|g| g.release())
         .buffer_unordered(CONCURRENCY);
     let deadline = tokio::time::Instant::now() + budget;
+    let mut count = 0;
     while let Ok(Some(released)) = tokio::time::timeout_at(deadline, releasing.next()).await {
         released?;
+        count += 1;
     }
-    Ok(())
+    Ok(count)
 }
 
 fn millis(d: Duration) -> u64 {
