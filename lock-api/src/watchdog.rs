@@ -24,7 +24,7 @@ use crate::grant::{safe_until, Grant};
 use crate::guard::{GrantState, LostReason};
 use crate::lock::DistributedLock;
 
-/// How many renewals one client has in flight at most.
+/// How many renewal requests one client has in flight at most (a batch is one request).
 const MAX_CONCURRENT_RENEWALS: usize = 64;
 /// While it has nothing due sooner, the task still wakes this often to sweep the slab for
 /// events coming near, so that enrolling a guard whose first event is later than two ticks away
@@ -418,7 +418,7 @@ fn batches(mut due: Vec<Due>) -> Vec<Vec<Due>> {
     due.sort_by_key(|d| Arc::as_ptr(&d.backend).cast::<()>() as usize);
     let mut out: Vec<Vec<Due>> = Vec::new();
     for d in due {
-        let size = d.backend.renew_batch().clamp(1, MAX_CONCURRENT_RENEWALS);
+        let size = d.backend.renew_batch().max(1);
         match out.last_mut() {
             Some(last) if last.len() < size && Arc::ptr_eq(&last[0].backend, &d.backend) => {
                 last.push(d);
@@ -435,9 +435,10 @@ async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
         return;
     };
     let (sent, results) = {
-        // One permit per grant: the bound is on renewals in flight, batched or not.
-        let permits = u32::try_from(batch.len()).unwrap_or(u32::MAX);
-        let _permits = shared.permits.acquire_many(permits).await;
+        // One permit per request: the bound is on what the server is asked at once. (A permit
+        // per grant would cap a batch at the permits there are, whatever the backend's
+        // `renew_batch`, and let only one batch be in flight at a time.)
+        let _permit = shared.permits.acquire().await;
         let sent = Instant::now();
         let results = if let [d] = batch.as_slice() {
             vec![backend.renew(&d.grant, d.ttl).await]

@@ -205,6 +205,7 @@ impl DistributedLock for Remote {
 /// size, and answers "lost" for names ending in `-gone`.
 struct Batching {
     inner: distlock_api::MemoryLock,
+    batch: usize,
     batches: std::sync::Mutex<Vec<usize>>,
 }
 
@@ -212,8 +213,13 @@ const BATCH: usize = 4;
 
 impl Batching {
     fn new() -> Arc<Self> {
+        Self::with_batch(BATCH)
+    }
+
+    fn with_batch(batch: usize) -> Arc<Self> {
         Arc::new(Batching {
             inner: MemoryStore::new().client(),
+            batch,
             batches: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -247,7 +253,7 @@ impl DistributedLock for Batching {
             .expect("one result")
     }
     fn renew_batch(&self) -> usize {
-        BATCH
+        self.batch
     }
     async fn renew_many(
         &self,
@@ -323,6 +329,44 @@ fn watchdog_renews_grants_due_together_in_batches_and_settles_each() {
         for g in guards {
             let gone = g.name().as_str().ends_with("-gone");
             assert_eq!(g.release().await.unwrap(), !gone);
+        }
+        assert_eq!(b.core().guards_watched(), 0);
+    });
+}
+
+/// A backend's batch size is honoured as it is, beyond the 64 renewal requests a client keeps in
+/// flight: 200 grants due together go out in batches larger than 64 (no more than the backend's
+/// 300), and every guard stays held past its first lease.
+#[test]
+fn watchdog_batches_as_many_grants_as_the_backend_confirms_at_once() {
+    runtime().block_on(async {
+        let b = Batching::with_batch(300);
+        let ttl = Duration::from_millis(600);
+        let opts = LockOptions::new().watchdog_ttl(ttl);
+        let mut guards = Vec::new();
+        for i in 0..200 {
+            guards.push(
+                b.try_lock_with(&format!("wide-{i}"), &opts)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+        for g in &guards {
+            assert!(!g.is_lost(), "{}: {:?}", g.name(), g.lost_reason());
+        }
+        let batches = b.batches.lock().unwrap().clone();
+        assert!(
+            batches.iter().all(|&n| (1..=300).contains(&n)),
+            "{batches:?}"
+        );
+        assert!(
+            batches.iter().any(|&n| n > 64),
+            "200 grants due together were split into batches of 64 or fewer: {batches:?}"
+        );
+        for g in guards {
+            assert!(g.release().await.unwrap());
         }
         assert_eq!(b.core().guards_watched(), 0);
     });
