@@ -15,6 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use distlock_conformance::watch_lost;
 use distlock_mysql::{
     DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo, LostReason,
     MysqlConfig, MysqlLock, OwnerId, Result,
@@ -178,12 +179,6 @@ async fn a_crash_and_restart_within_the_lease_keeps_the_lock_its_renewals_and_it
 async fn restart_test() {
     let began = Instant::now();
     let mut server = PrivateMariadb::start().await;
-    eprintln!(
-        "private MariaDB on port {}: install {} ms, start {} ms",
-        server.port,
-        ms(server.install_took),
-        ms(server.start_took)
-    );
     let holder = client(&server, "holder", RESTART_TTL).await;
     let contender = client(&server, "contender", RESTART_TTL).await;
     let name = "survives-a-restart";
@@ -213,11 +208,7 @@ async fn restart_test() {
     assert_eq!(guard.ttl(), RESTART_TTL, "watchdog lease");
     let granted_at = guard.grant().sent_at;
     let first_until = guard.safe_until().expect("a leased lock has a safe-until");
-    let lost = guard.lost();
-    let lost_watch = tokio::spawn(async move {
-        let reason = lost.await;
-        (Instant::now(), reason)
-    });
+    let lost_watch = watch_lost(&guard);
     assert!(
         contender.try_lock(name).await.expect("try_lock").is_none(),
         "the contender got a held lock"
@@ -402,12 +393,6 @@ async fn a_paused_server_expires_the_holder_who_then_cannot_release_the_next_gra
 async fn pause_test() {
     let began = Instant::now();
     let server = PrivateMariadb::start().await;
-    eprintln!(
-        "private MariaDB on port {}: install {} ms, start {} ms",
-        server.port,
-        ms(server.install_took),
-        ms(server.start_took)
-    );
     let holder = client(&server, "holder", PAUSE_TTL).await;
     let contender = client(&server, "contender", PAUSE_TTL).await;
     let name = "outlives-a-pause";
@@ -431,11 +416,7 @@ async fn pause_test() {
         contender.try_lock(name).await.expect("try_lock").is_none(),
         "the contender got a held lock"
     );
-    let lost = guard.lost();
-    let lost_watch = tokio::spawn(async move {
-        let reason = lost.await;
-        (Instant::now(), reason)
-    });
+    let lost_watch = watch_lost(&guard);
 
     server.signal("STOP");
     let stopped_at = Instant::now();
@@ -628,12 +609,6 @@ async fn fails_in_time<T: std::fmt::Debug>(
 async fn operation_timeout_test() {
     let began = Instant::now();
     let server = PrivateMariadb::start().await;
-    eprintln!(
-        "private MariaDB on port {}: install {} ms, start {} ms",
-        server.port,
-        ms(server.install_took),
-        ms(server.start_took)
-    );
     let config =
         |owner| client_config(&server, owner, PAUSED_TTL).operation_timeout(OPERATION_TIMEOUT);
     let holder = connect(config("holder")).await;
@@ -653,11 +628,7 @@ async fn operation_timeout_test() {
         .await
         .expect("try_lock")
         .expect("free");
-    let lost = kept.lost();
-    let lost_watch = tokio::spawn(async move {
-        let reason = lost.await;
-        (Instant::now(), reason)
-    });
+    let lost_watch = watch_lost(&kept);
     // The pools hold open connections, used less than 5 s ago (older ones are pinged before
     // use, which the connect timeout bounds): the calls below take one and send on it.
     warm_up(&holder, "holder").await;

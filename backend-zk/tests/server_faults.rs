@@ -11,6 +11,7 @@ mod private_zk;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_conformance::watch_lost;
 use distlock_zk::zookeeper_client as zk;
 use distlock_zk::{ErrorKind, LockExt, LockGuard, LostReason, ZkConfig, ZkLock};
 use private_zk::PrivateZk;
@@ -40,15 +41,6 @@ async fn connect(url: &str, session: Duration) -> Arc<ZkLock> {
 
 fn unique(tag: &str) -> String {
     format!("server-faults-{tag}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// When `g`'s `lost()` resolves, and why.
-fn watch_lost(g: &LockGuard) -> JoinHandle<(Instant, LostReason)> {
-    let lost = g.lost();
-    tokio::spawn(async move {
-        let reason = lost.await;
-        (Instant::now(), reason)
-    })
 }
 
 /// The queue nodes of `name`, read through `via`'s session.

@@ -20,6 +20,6 @@ mod proxy;
 mod runner;
 
 pub use harness::Harness;
-pub use local::{free_ports, send_signal};
+pub use local::{free_ports, send_signal, watch_lost};
 pub use proxy::{hosts_of, reroute, Proxy};
 pub use runner::{run, skipped_by_env, unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};

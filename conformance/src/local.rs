@@ -1,8 +1,13 @@
-//! For tests that run servers of their own: signalling a process, and free loopback ports.
+//! For tests that run servers of their own: signalling a process, free loopback ports, and
+//! watching a guard's lost signal while the server misbehaves.
 
 use std::net::TcpListener;
 use std::ops::Range;
 use std::process::Command;
+use std::time::Instant;
+
+use distlock_api::{LockGuard, LostReason};
+use tokio::task::JoinHandle;
 
 use crate::runner::unique_suffix;
 
@@ -27,4 +32,14 @@ pub fn free_ports(range: Range<u16>) -> impl Iterator<Item = u16> {
     (0..len)
         .map(move |i| range.start + ((first + i) % len) as u16)
         .filter(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+}
+
+/// When `guard`'s `lost()` resolves, and why: a task that can be awaited (or checked with
+/// `is_finished`) after the guard itself is gone. Must be called inside a Tokio runtime.
+pub fn watch_lost(guard: &LockGuard) -> JoinHandle<(Instant, LostReason)> {
+    let lost = guard.lost();
+    tokio::spawn(async move {
+        let reason = lost.await;
+        (Instant::now(), reason)
+    })
 }
