@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock_api::{
     async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
-    LockName, Result, SharedLock,
+    LockName, MemoryLock, Result, SharedLock,
 };
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
@@ -16,6 +16,10 @@ use distlock_api::{
 /// wrapper, because a guard keeps the handle it was acquired with.
 pub(crate) struct Counting {
     inner: SharedLock,
+    /// Whether to forward [`DistributedLock::in_process`]: true gives the in-memory backend's
+    /// guards as users get them (the store keeps their leases: nothing to renew); false puts
+    /// its guards in the watchdog's care like a networked backend's.
+    in_process: bool,
     renewals: AtomicU64,
     requests: AtomicU64,
     renew_errors: AtomicU64,
@@ -26,10 +30,20 @@ impl Counting {
     pub(crate) fn new(inner: SharedLock) -> Self {
         Self {
             inner,
+            in_process: true,
             renewals: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             renew_errors: AtomicU64::new(0),
             first_error: Mutex::new(None),
+        }
+    }
+
+    /// The same, but the in-memory backend's guards are renewed by the watchdog.
+    #[cfg(test)]
+    pub(crate) fn watched(inner: SharedLock) -> Self {
+        Self {
+            in_process: false,
+            ..Self::new(inner)
         }
     }
 
@@ -89,12 +103,8 @@ impl DistributedLock for Counting {
         self.inner.release(grant).await
     }
 
-    fn try_acquire_local(&self, req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
-        self.inner.try_acquire_local(req)
-    }
-
-    fn release_local(&self, grant: &Grant) -> Option<Result<bool>> {
-        self.inner.release_local(grant)
+    fn in_process(&self) -> Option<&MemoryLock> {
+        self.inner.in_process().filter(|_| self.in_process)
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
@@ -133,7 +143,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_watchdog_renews_through_the_wrapper() {
-        let counting = Arc::new(Counting::new(Arc::new(MemoryLock::new())));
+        let counting = Arc::new(Counting::watched(Arc::new(MemoryLock::new())));
         let ttl = Duration::from_millis(300);
         let guard = counting
             .try_lock_with("w", &LockOptions::new().watchdog_ttl(ttl))

@@ -46,12 +46,18 @@ pub(crate) fn snippet(r: &Results) -> String {
             .map(|h| us(h.handoff.p50_us));
         let many = b.many.as_ref().map(|m| {
             let requests = match m.requests_per_sec {
-                Some(q) if q < m.renewals_per_sec * 0.9 => format!(" in {} requests/s", rate(q)),
+                Some(q) if q < m.renewals_per_sec * 0.9 => {
+                    format!(" in {} requests/s", rate(q).trim_end_matches("/s"))
+                }
                 _ => String::new(),
             };
+            let renewals = if m.expected_per_sec == 0.0 && m.renewals_per_sec == 0.0 {
+                "no renewals needed".to_string()
+            } else {
+                format!("{}{requests}", rate(m.renewals_per_sec))
+            };
             format!(
-                "{}{requests} for {} held, {} lost",
-                rate(m.renewals_per_sec),
+                "{renewals} for {} held, {} lost",
                 thousands(m.locks),
                 thousands(m.lost)
             )

@@ -700,8 +700,9 @@ fn many(r: &Results, doc: &mut Vec<Block>) {
          benchmark, so the difference is what counts); renewals are the grants the watchdog \
          renewed and requests the calls that carried them (etcd and ZooKeeper confirm up to 64 \
          locks with one transaction or multi-read), both counted by a wrapper around the \
-         backend over a whole number of renewal periods. Lost: guards that reported their lock \
-         lost during the hold (must be 0)."
+         backend over a whole number of renewal periods. The in-memory store keeps a \
+         watchdog-managed lease itself for as long as its guard lives, so it has nothing to \
+         renew. Lost: guards that reported their lock lost during the hold (must be 0)."
             .into(),
     ));
     let rows = available(r)

@@ -9,7 +9,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{check_wait, AcquireRequest, LockInfo};
 use crate::guard::{context, LockGuard};
 use crate::lock::DistributedLock;
-use crate::name::LockName;
+use crate::memory::MemoryLock;
+use crate::name::{check_name, LockName, OwnerId};
 use crate::options::{Lease, LockOptions};
 
 /// What users call: validate, acquire, wrap in a [`LockGuard`] watched by the client's
@@ -130,6 +131,10 @@ static DEFAULT_OPTIONS: LockOptions = LockOptions {
     owner: None,
 };
 
+// On the in-memory backend a whole cycle takes a few hundred nanoseconds, so the futures below
+// stay small: what may wait (a networked backend's call, a queue for a held in-memory lock) is
+// boxed, and only a state of a few words is moved around on the uncontended path.
+
 async fn try_lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
@@ -137,12 +142,20 @@ async fn try_lock_with(
 ) -> Result<Option<LockGuard>> {
     let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), None)?;
     spend_budget().await;
-    let grant = match this.try_acquire_local(&plan.req) {
-        Some(attempt) => attempt,
-        None => this.try_acquire(&plan.req).await,
+    if let Some(mem) = plan.mem {
+        let kept = plan.renew.is_some();
+        let grant = mem.grant_now(name, plan.owner, plan.ttl, kept);
+        return Ok(grant.map(|(g, at)| LockGuard::local(this.clone(), g, kept, at)));
     }
-    .map_err(|e| context(e, &**this, &plan.req.name))?;
-    Ok(grant.map(|g| LockGuard::new(this.clone(), g, plan.renew, plan.leased)))
+    Box::pin(async {
+        let req = plan.request(name);
+        let grant = this
+            .try_acquire(&req)
+            .await
+            .map_err(|e| context(e, &**this, &req.name))?;
+        Ok(grant.map(|g| LockGuard::new(this.clone(), g, plan.renew, plan.leased)))
+    })
+    .await
 }
 
 async fn lock_with(
@@ -153,17 +166,32 @@ async fn lock_with(
 ) -> Result<LockGuard> {
     let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), wait)?;
     spend_budget().await;
-    let grant = match this.try_acquire_local(&plan.req) {
-        Some(Ok(Some(grant))) => Ok(grant),
-        Some(Err(e)) => Err(e),
-        // Held (the backend's `acquire` queues or polls), or not an in-process backend.
-        Some(Ok(None)) | None => {
-            this.acquire(&plan.req, wait.unwrap_or(Duration::ZERO))
-                .await
+    let wait = wait.unwrap_or(Duration::ZERO);
+    if let Some(mem) = plan.mem {
+        let kept = plan.renew.is_some();
+        if let Some((grant, at)) = mem.grant_now(name, plan.owner, plan.ttl, kept) {
+            return Ok(LockGuard::local(this.clone(), grant, kept, at));
         }
+        // Held: queue for it.
+        return Box::pin(async {
+            let req = plan.request(name);
+            let grant = mem
+                .acquire_kept(&req, wait, kept)
+                .await
+                .map_err(|e| context(e, &**this, &req.name))?;
+            Ok(LockGuard::local(this.clone(), grant, kept, usize::MAX))
+        })
+        .await;
     }
-    .map_err(|e| context(e, &**this, &plan.req.name))?;
-    Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+    Box::pin(async {
+        let req = plan.request(name);
+        let grant = this
+            .acquire(&req, wait)
+            .await
+            .map_err(|e| context(e, &**this, &req.name))?;
+        Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+    })
+    .await
 }
 
 /// Spends one unit of the task's cooperative budget, yielding if it is used up. An in-process
@@ -181,53 +209,72 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
         .map_err(|e| context(e, &**this, &name))
 }
 
-/// A validated acquire: the request, and how the guard keeps its lease.
-struct Plan {
-    req: AcquireRequest,
+/// A validated acquire: the lease, the owner, and how the guard keeps its lease. The name is
+/// checked, not yet copied: the in-memory backend finds a name it has seen by `&str`.
+struct Plan<'a> {
+    /// The in-memory backend, if this is it.
+    mem: Option<&'a MemoryLock>,
+    owner: &'a OwnerId,
+    ttl: Duration,
     renew: Option<Duration>,
     leased: bool,
 }
 
-impl Plan {
+impl<'a> Plan<'a> {
     fn new(
-        backend: &dyn DistributedLock,
+        backend: &'a dyn DistributedLock,
         name: &str,
-        options: &LockOptions,
+        options: &'a LockOptions,
         wait: Option<Duration>,
     ) -> Result<Self> {
         let core = backend.core();
-        let name = LockName::new(name).map_err(|e| e.with_backend(core.backend()))?;
-        let with_ctx = |e: Error| e.with_backend(core.backend()).with_lock(&name);
-        options.validate().map_err(with_ctx)?;
-        if let Some(wait) = wait {
-            check_wait(wait).map_err(with_ctx)?;
-        }
-        let caps = backend.capabilities();
+        check_name(name).map_err(|e| e.with_backend(core.backend()))?;
+        // Errors past the name check are rare: only they pay for a `LockName`.
+        let with_ctx = |e: Error| {
+            e.with_backend(core.backend())
+                .with_lock(LockName::checked(name))
+        };
+        // What `options.validate()` checks, each bound once.
         let (ttl, renew) = match options.lease {
             Lease::Watchdog => (core.default_ttl(), Some(core.default_ttl())),
             Lease::WatchdogTtl(ttl) => (ttl, Some(ttl)),
-            Lease::Fixed(ttl) => {
-                if caps.ttl.kind != LeaseKind::PerLock {
-                    return Err(with_ctx(Error::new(
-                        ErrorKind::Unsupported,
-                        "this backend has no per-lock leases: a fixed TTL cannot be honoured; \
-                         use a watchdog-managed lease",
-                    )));
-                }
-                (ttl, None)
-            }
+            Lease::Fixed(ttl) => (ttl, None),
         };
-        let renew = renew.filter(|_| caps.renewal);
         crate::grant::check_ttl(ttl).map_err(with_ctx)?;
-        let owner = options
-            .owner
-            .clone()
-            .unwrap_or_else(|| core.owner().clone());
+        for w in [options.wait, wait.filter(|&w| Some(w) != options.wait)]
+            .into_iter()
+            .flatten()
+        {
+            check_wait(w).map_err(with_ctx)?;
+        }
+        let mem = backend.in_process();
+        let caps = match mem {
+            Some(_) => crate::memory::CAPABILITIES,
+            None => backend.capabilities(),
+        };
+        if renew.is_none() && caps.ttl.kind != LeaseKind::PerLock {
+            return Err(with_ctx(Error::new(
+                ErrorKind::Unsupported,
+                "this backend has no per-lock leases: a fixed TTL cannot be honoured; use a \
+                 watchdog-managed lease",
+            )));
+        }
+        let renew = renew.filter(|_| caps.renewal);
         Ok(Self {
-            // Checked above; built in place so the name moves in rather than being cloned.
-            req: AcquireRequest { name, owner, ttl },
+            mem,
+            owner: options.owner.as_ref().unwrap_or(core.owner()),
+            ttl,
             renew,
             leased: caps.ttl.kind != LeaseKind::None,
         })
+    }
+
+    /// The request for `name` (the name this plan checked).
+    fn request(&self, name: &str) -> AcquireRequest {
+        AcquireRequest {
+            name: LockName::checked(name),
+            owner: self.owner.clone(),
+            ttl: self.ttl,
+        }
     }
 }

@@ -2,14 +2,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::future::Either;
 use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{safe_until, FencingToken, Grant};
 use crate::lock::DistributedLock;
+use crate::memory::{LocalStatus, LocalWatch};
 use crate::name::{LockName, OwnerId};
 
 /// Why a guard stopped holding its lock.
@@ -120,10 +123,24 @@ impl GrantState {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     backend: Arc<dyn DistributedLock>,
-    /// The grant (`state.grant`) and what the watchdog shares of it.
-    state: Arc<GrantState>,
-    entry: u64,
+    held: Held,
     done: bool,
+}
+
+/// Who looks after the lease and the lost signal.
+enum Held {
+    /// The client's watchdog: it shares `state` (which holds the grant) under entry `entry`.
+    Watched { state: Arc<GrantState>, entry: u64 },
+    /// The in-memory store ([`DistributedLock::in_process`]). `kept`: the store keeps the
+    /// lease while the guard lives (a watchdog-managed lease). `watch` is made by the first
+    /// `lost()` call.
+    Local {
+        grant: Grant,
+        kept: bool,
+        /// The index of the name's slot in the store (`usize::MAX`: look it up).
+        slot: usize,
+        watch: OnceLock<Arc<LocalWatch>>,
+    },
 }
 
 impl LockGuard {
@@ -145,83 +162,124 @@ impl LockGuard {
         );
         Self {
             backend,
-            state,
-            entry,
+            held: Held::Watched { state, entry },
+            done: false,
+        }
+    }
+
+    /// Wraps a grant of the in-memory backend (`backend.in_process()` is `Some`), whose store
+    /// looks after the lease: no watchdog enrolment.
+    pub(crate) fn local(
+        backend: Arc<dyn DistributedLock>,
+        grant: Grant,
+        kept: bool,
+        slot: usize,
+    ) -> Self {
+        Self {
+            backend,
+            held: Held::Local {
+                grant,
+                kept,
+                slot,
+                watch: OnceLock::new(),
+            },
             done: false,
         }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &LockName {
-        &self.state.grant.name
+        &self.grant().name
     }
 
     /// The owner holding it.
     pub fn owner(&self) -> &OwnerId {
-        &self.state.grant.owner
+        &self.grant().owner
     }
 
     /// The fencing token of this grant.
     pub fn token(&self) -> FencingToken {
-        self.state.grant.token
+        self.grant().token
     }
 
     /// The owner's hold count right after this acquire.
     pub fn hold_count(&self) -> u32 {
-        self.state.grant.hold_count
+        self.grant().hold_count
     }
 
     /// The lease the server granted.
     pub fn ttl(&self) -> Duration {
-        self.state.grant.ttl
+        self.grant().ttl
     }
 
     /// The grant as the backend reported it.
     pub fn grant(&self) -> &Grant {
-        &self.state.grant
+        match &self.held {
+            Held::Watched { state, .. } => &state.grant,
+            Held::Local { grant, .. } => grant,
+        }
+    }
+
+    /// The store's view of an in-process guard's grant.
+    fn local_status(&self, watch: Option<&Arc<LocalWatch>>) -> Option<LocalStatus> {
+        match &self.held {
+            Held::Local { grant, kept, .. } => Some(match self.backend.in_process() {
+                Some(mem) => mem.local_status(grant, *kept, watch),
+                None => LocalStatus::Lost(LostReason::ClientGone),
+            }),
+            Held::Watched { .. } => None,
+        }
     }
 
     /// The monotonic instant until which this guard may claim the lock: when the last
     /// successful acquire or renew request was sent, plus its lease, minus a drift margin.
-    /// `None` on backends whose locks never expire.
+    /// `None` on backends whose locks never expire. (An in-memory lock whose lease the store
+    /// keeps is renewed continuously: a full lease from now, while it is held.)
     pub fn safe_until(&self) -> Option<Instant> {
-        self.state.safe_until()
+        match &self.held {
+            Held::Watched { state, .. } => state.safe_until(),
+            Held::Local { grant, .. } => Some(match self.local_status(None) {
+                Some(LocalStatus::Held(Some(until))) => until,
+                Some(LocalStatus::Held(None)) => safe_until(Instant::now(), grant.ttl),
+                _ => safe_until(grant.sent_at, grant.ttl),
+            }),
+        }
     }
 
     /// Whether the lock is lost (or safe-until has passed). Once true, stays true.
     pub fn is_lost(&self) -> bool {
-        self.state.reason().is_some()
+        self.lost_reason().is_some()
     }
 
     /// Why the lock was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.state.reason()
+        match &self.held {
+            Held::Watched { state, .. } => state.reason(),
+            Held::Local { .. } => match self.local_status(None) {
+                Some(LocalStatus::Lost(why)) => Some(why),
+                _ => None,
+            },
+        }
     }
 
     /// Resolves when the lock is lost, at once if it already is. It does not borrow the guard,
     /// so it can be raced against the critical section or handed to another task; if the guard
     /// is released first, it resolves to [`LostReason::Released`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let state = self.state.clone();
+        let watched = match &self.held {
+            Held::Watched { state, .. } => Ok(state.clone()),
+            Held::Local {
+                grant, kept, watch, ..
+            } => {
+                let watch = watch.get_or_init(Default::default).clone();
+                Err((self.backend.clone(), grant.clone(), *kept, watch))
+            }
+        };
         async move {
-            loop {
-                // Registered before the check, so a change between the two is not missed.
-                let changed = state.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if let Some(r) = state.reason() {
-                    return r;
-                }
-                let until = state.safe_until();
-                let sleep = async {
-                    match until {
-                        Some(at) => tokio::time::sleep_until(at.into()).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = changed => {}
-                    _ = sleep => {}
+            match watched {
+                Ok(state) => watch_state(state).await,
+                Err((backend, grant, kept, watch)) => {
+                    watch_local(backend, grant, kept, watch).await
                 }
             }
         }
@@ -233,15 +291,25 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::grant::check_ttl(ttl).map_err(|e| e.with_lock(self.name()))?;
         let sent = Instant::now();
-        match self.backend.renew(&self.state.grant, ttl).await {
+        let renewed = self.backend.renew(self.grant(), ttl).await;
+        let state = match &self.held {
+            Held::Watched { state, .. } => Some(state),
+            // The store has the lease, and tells the guard.
+            Held::Local { .. } => None,
+        };
+        match renewed {
             Ok(granted) => {
-                self.state.extend(safe_until(sent, granted));
+                if let Some(state) = state {
+                    state.extend(safe_until(sent, granted));
+                }
                 Ok(())
             }
             Err(e) => {
                 let e = context(e, &*self.backend, self.name());
-                if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld) {
-                    self.state.fire(LostReason::Taken(e.to_string()));
+                if let Some(state) = state {
+                    if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld) {
+                        state.fire(LostReason::Taken(e.to_string()));
+                    }
                 }
                 Err(e)
             }
@@ -250,42 +318,127 @@ impl LockGuard {
 
     /// Releases one hold of the lock. `Ok(true)` if it was still held (by this grant) until
     /// now, `Ok(false)` if it had already been lost.
-    pub async fn release(mut self) -> Result<bool> {
-        self.done = true;
-        self.backend.core().watchdog().deregister(self.entry);
-        self.released();
-        let grant = &self.state.grant;
-        match self.backend.release_local(grant) {
-            Some(released) => released,
-            None => self.backend.release(grant).await,
+    ///
+    /// An in-memory guard is released when this is called; otherwise when the future is first
+    /// polled (dropped unpolled, the guard is dropped, and releases as a dropped guard does).
+    pub fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
+        if let Held::Local { .. } = self.held {
+            self.done = true;
+            return Either::Left(std::future::ready(Ok(self.give_up().unwrap_or(false))));
         }
-        .map_err(|e| context(e, &*self.backend, &grant.name))
+        Either::Right(Box::pin(async move {
+            self.done = true;
+            self.give_up();
+            let grant = self.grant();
+            self.backend
+                .release(grant)
+                .await
+                .map_err(|e| context(e, &*self.backend, &grant.name))
+        }))
     }
 
-    /// Marks the guard released for any `lost()` future still watching it. With the watchdog's
-    /// copy of the state gone (deregistered just before), a state nobody else shares has nobody
-    /// to tell, and the lock and wake-up are skipped.
-    fn released(&self) {
-        if Arc::strong_count(&self.state) > 1 {
-            self.state.fire(LostReason::Released);
+    /// Takes the guard off whoever looks after it and tells any `lost()` future still watching
+    /// it. An in-process guard's release is done on the spot: `Some(still held)`.
+    fn give_up(&self) -> Option<bool> {
+        match &self.held {
+            Held::Watched { state, entry } => {
+                self.backend.core().watchdog().deregister(*entry);
+                // With the watchdog's copy gone, a state nobody else shares has nobody to
+                // tell, and the lock and wake-up are skipped.
+                if Arc::strong_count(state) > 1 {
+                    state.fire(LostReason::Released);
+                }
+                None
+            }
+            Held::Local {
+                grant,
+                kept,
+                slot,
+                watch,
+            } => {
+                // Marked before the store lets go, so a `lost()` future the store wakes sees
+                // a release, not a loss.
+                let watch = watch.get();
+                if let Some(w) = watch {
+                    w.released.store(true, Ordering::Release);
+                }
+                let released = self
+                    .backend
+                    .in_process()
+                    .is_some_and(|mem| mem.release_now(grant, *kept, *slot));
+                if let Some(w) = watch {
+                    w.changed.notify_waiters();
+                }
+                Some(released)
+            }
         }
+    }
+}
+
+/// `lost()` of a watchdog-watched guard.
+async fn watch_state(state: Arc<GrantState>) -> LostReason {
+    loop {
+        // Registered before the check, so a change between the two is not missed.
+        let changed = state.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if let Some(r) = state.reason() {
+            return r;
+        }
+        let until = state.safe_until();
+        tokio::select! {
+            _ = changed => {}
+            _ = sleep_until(until) => {}
+        }
+    }
+}
+
+/// `lost()` of an in-process guard: the store tells `watch` when the holder goes, the guard
+/// when it is released, and a fixed lease runs out at its safe-until.
+async fn watch_local(
+    backend: Arc<dyn DistributedLock>,
+    grant: Grant,
+    kept: bool,
+    watch: Arc<LocalWatch>,
+) -> LostReason {
+    let Some(mem) = backend.in_process() else {
+        return LostReason::ClientGone;
+    };
+    loop {
+        let changed = watch.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if watch.released.load(Ordering::Acquire) {
+            return LostReason::Released;
+        }
+        let until = match mem.local_status(&grant, kept, Some(&watch)) {
+            LocalStatus::Lost(why) => return why,
+            LocalStatus::Held(until) => until,
+        };
+        tokio::select! {
+            _ = changed => {}
+            _ = sleep_until(until) => {}
+        }
+    }
+}
+
+/// Sleeps until `until`, or forever.
+async fn sleep_until(until: Option<Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.backend.core().watchdog().deregister(self.entry);
-        self.released();
-        if self.backend.release_local(&self.state.grant).is_some() {
+        if self.done || self.give_up().is_some() {
             return;
         }
         // Without a runtime there is nothing to release on; the lease expires by itself.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let backend = self.backend.clone();
-            let grant = self.state.grant.clone();
+            let grant = self.grant().clone();
             handle.spawn(async move {
                 let _ = backend.release(&grant).await;
             });
@@ -296,11 +449,11 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.state.grant.name)
-            .field("owner", &self.state.grant.owner)
-            .field("token", &self.state.grant.token)
-            .field("hold_count", &self.state.grant.hold_count)
-            .field("lost", &self.state.reason())
+            .field("name", &self.grant().name)
+            .field("owner", &self.grant().owner)
+            .field("token", &self.grant().token)
+            .field("hold_count", &self.grant().hold_count)
+            .field("lost", &self.lost_reason())
             .finish()
     }
 }

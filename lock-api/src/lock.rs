@@ -11,7 +11,7 @@ use crate::grant::{AcquireRequest, Grant, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::wait::{self, Attempt, Backoff};
 use crate::watchdog::Watchdog;
-use crate::LostReason;
+use crate::{LostReason, MemoryLock};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -82,17 +82,10 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
     async fn release(&self, grant: &Grant) -> Result<bool>;
 
-    /// For a backend whose locks live in this process: [`try_acquire`](Self::try_acquire), done
-    /// on the spot. The conveniences call it first and skip a boxed future and a poll when it
-    /// answers; `None`, the default, means the attempt needs I/O, and they call `try_acquire`.
-    fn try_acquire_local(&self, _req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
-        None
-    }
-
-    /// For a backend whose locks live in this process: [`release`](Self::release), done on the
-    /// spot. Besides saving a boxed future, it lets a dropped guard release at once, with or
-    /// without a runtime. `None`, the default, means the release needs I/O.
-    fn release_local(&self, _grant: &Grant) -> Option<Result<bool>> {
+    /// The in-memory backend, if this is it. Its guards are kept by the store itself rather
+    /// than by the client's watchdog: see [`MemoryLock`]. The default, `None`, gives the guards
+    /// every networked backend gets; a wrapper may forward it.
+    fn in_process(&self) -> Option<&MemoryLock> {
         None
     }
 
@@ -185,7 +178,8 @@ impl ClientCore {
         self.watchdog.mark_lost(which, reason);
     }
 
-    /// How many guards this client's watchdog is looking after.
+    /// How many guards this client's watchdog is looking after (none of the in-memory
+    /// backend's own: its store looks after them).
     pub fn guards_watched(&self) -> usize {
         self.watchdog.len()
     }

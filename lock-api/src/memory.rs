@@ -1,19 +1,26 @@
 //! The in-memory backend: the reference model of the contract, with every capability on.
 //!
 //! A [`MemoryStore`] plays the server; each [`MemoryLock`] is one client of it with its own
-//! owner id and watchdog. Waiters queue per name and the releasing holder hands the lock to the
-//! first live waiter, so waiting is notice-driven and FIFO.
+//! owner id. Waiters queue per name and the releasing holder hands the lock to the first live
+//! waiter, so waiting is notice-driven and FIFO.
+//!
+//! The store also plays the watchdog for the guards the conveniences hand out: it keeps a
+//! watchdog-managed lease alive while its guard lives (the renewals could not fail: client and
+//! "server" share one process), and it tells a guard's `lost()` the moment its holder goes. So
+//! a lock cycle costs a few hundred nanoseconds and holding many locks costs no renewal work.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::guard::LostReason;
 use crate::lock::{ClientCore, DistributedLock};
 use crate::name::{LockName, OwnerId};
 use crate::wait::timeout;
@@ -41,31 +48,69 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     /// One slot per name ever locked. Slots are never removed, because each carries the name's
-    /// fencing counter, which must never go back.
-    slots: HashMap<LockName, Slot>,
+    /// fencing counter, which must never go back; so a slot's index never changes, and an
+    /// in-process guard keeps it to find its slot again without hashing the name.
+    slots: Vec<Slot>,
+    /// Each slot's index, by name.
+    index: HashMap<LockName, usize>,
     next_waiter: u64,
 }
 
-#[derive(Default)]
 struct Slot {
+    /// The name, shared by every grant of it: an `Arc` clone, no allocation.
+    name: LockName,
     holder: Option<Holder>,
     waiters: VecDeque<Waiter>,
     /// The last fencing token issued for this name.
     token: u64,
+    /// Why the last holder that did not release ended (expired, removed), by its token: what an
+    /// in-process guard of it reports as its lost reason.
+    ended: Option<(FencingToken, LostReason)>,
+    /// The `lost()` futures of in-process guards of the current holder, told when it goes.
+    watchers: Vec<Weak<LocalWatch>>,
 }
 
 struct Holder {
     owner: OwnerId,
     count: u32,
     token: FencingToken,
+    /// When the lease runs out, unless `kept` is above zero.
     expires_at: Instant,
+    /// How many of the holds are in-process guards with a watchdog-managed lease. While one is
+    /// alive the store keeps the lease itself, as the watchdog would by renewing it; this
+    /// backend's "server" lives and dies with its clients, so the renewal cannot fail.
+    kept: u32,
+    /// The lease those guards renew with: what is left when the last of them goes.
+    kept_ttl: Duration,
+}
+
+impl Holder {
+    fn live(&self, now: Instant) -> bool {
+        self.kept > 0 || self.expires_at > now
+    }
 }
 
 struct Waiter {
     id: u64,
     owner: OwnerId,
     ttl: Duration,
+    kept: bool,
     tx: oneshot::Sender<Grant>,
+}
+
+/// What the `lost()` future of an in-process guard waits on: the store tells it when the
+/// guard's holder goes, the guard when it is released.
+#[derive(Default)]
+pub(crate) struct LocalWatch {
+    pub(crate) released: AtomicBool,
+    pub(crate) changed: Notify,
+}
+
+/// Whether an in-process guard still holds its lock, as the store sees it.
+pub(crate) enum LocalStatus {
+    /// Held; safe until then (`None`: kept by the store while the guard lives).
+    Held(Option<Instant>),
+    Lost(LostReason),
 }
 
 fn grant(
@@ -87,7 +132,23 @@ fn grant(
     }
 }
 
+/// The reason an in-process guard reports for a holder removed behind its back.
+fn removed() -> LostReason {
+    LostReason::Taken("the lock was removed from the store".into())
+}
+
 impl Slot {
+    fn new(name: LockName) -> Self {
+        Self {
+            name,
+            holder: None,
+            waiters: VecDeque::new(),
+            token: 0,
+            ended: None,
+            watchers: Vec::new(),
+        }
+    }
+
     fn fresh_token(&mut self) -> FencingToken {
         self.token += 1;
         FencingToken(self.token)
@@ -95,14 +156,32 @@ impl Slot {
 
     /// The holder, unless its lease has run out.
     fn live_holder(&self, now: Instant) -> Option<&Holder> {
-        self.holder.as_ref().filter(|h| h.expires_at > now)
+        self.holder.as_ref().filter(|h| h.live(now))
+    }
+
+    /// Ends the current holder (recording `why`, if it did not simply release) and tells the
+    /// in-process guards watching it.
+    fn end_holder(&mut self, why: Option<LostReason>) {
+        if let Some(h) = self.holder.take() {
+            if let Some(why) = why {
+                self.ended = Some((h.token, why));
+            }
+        }
+        if self.watchers.is_empty() {
+            return;
+        }
+        for w in self.watchers.drain(..) {
+            if let Some(w) = w.upgrade() {
+                w.changed.notify_waiters();
+            }
+        }
     }
 
     /// Drops an expired holder and, while the lock is free, hands it to the first waiter that
     /// is still listening. Called on every state change that can free a lock.
-    fn dispatch(&mut self, name: &LockName, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            self.holder = None;
+    fn dispatch(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| !h.live(now)) {
+            self.end_holder(Some(LostReason::Expired));
         }
         while self.holder.is_none() {
             let Some(w) = self.waiters.pop_front() else {
@@ -110,7 +189,7 @@ impl Slot {
             };
             let token = self.fresh_token();
             if w.tx
-                .send(grant(name, &w.owner, token, 1, w.ttl, now))
+                .send(grant(&self.name, &w.owner, token, 1, w.ttl, now))
                 .is_ok()
             {
                 self.holder = Some(Holder {
@@ -118,44 +197,111 @@ impl Slot {
                     count: 1,
                     token,
                     expires_at: now + w.ttl,
+                    kept: u32::from(w.kept),
+                    kept_ttl: w.ttl,
                 });
             }
         }
     }
 
-    /// Grants at once if free or held by `req.owner`; `None` if held by someone else (or if
-    /// others already queue for it: FIFO).
-    fn try_grant(&mut self, req: &AcquireRequest, now: Instant) -> Option<Grant> {
-        self.dispatch(&req.name, now);
+    /// Grants at once if free or held by `owner`; `None` if held by someone else (or if others
+    /// already queue for it: FIFO). `kept`: the grant is for an in-process guard whose lease
+    /// the store keeps.
+    fn try_grant(
+        &mut self,
+        owner: &OwnerId,
+        ttl: Duration,
+        kept: bool,
+        now: Instant,
+    ) -> Option<Grant> {
+        if self.holder.is_some() || !self.waiters.is_empty() {
+            self.dispatch(now);
+        }
         if let Some(h) = self.holder.as_mut() {
-            if h.owner != req.owner {
+            if h.owner != *owner {
                 return None;
             }
             h.count += 1;
-            h.expires_at = h.expires_at.max(now + req.ttl);
-            return Some(grant(&req.name, &req.owner, h.token, h.count, req.ttl, now));
+            if kept {
+                h.kept += 1;
+                h.kept_ttl = h.kept_ttl.max(ttl);
+            } else {
+                h.expires_at = h.expires_at.max(now + ttl);
+            }
+            return Some(grant(&self.name, owner, h.token, h.count, ttl, now));
         }
         let token = self.fresh_token();
         self.holder = Some(Holder {
-            owner: req.owner.clone(),
+            owner: owner.clone(),
             count: 1,
             token,
-            expires_at: now + req.ttl,
+            expires_at: now + ttl,
+            kept: u32::from(kept),
+            kept_ttl: ttl,
         });
-        Some(grant(&req.name, &req.owner, token, 1, req.ttl, now))
+        Some(grant(&self.name, owner, token, 1, ttl, now))
+    }
+
+    /// The holder, if it is `grant`'s (lease not checked).
+    fn holder_of(&mut self, grant: &Grant) -> Option<&mut Holder> {
+        self.holder
+            .as_mut()
+            .filter(|h| h.token == grant.token && h.owner == grant.owner)
     }
 
     fn holds(&self, grant: &Grant, now: Instant) -> bool {
         self.live_holder(now)
             .is_some_and(|h| h.token == grant.token && h.owner == grant.owner)
     }
+
+    /// Gives up one hold of `grant`; false if it no longer held the lock. `kept`: the hold is
+    /// an in-process guard's whose lease the store keeps.
+    fn release(&mut self, grant: &Grant, kept: bool) -> bool {
+        let Some(h) = self.holder_of(grant) else {
+            return false;
+        };
+        // A kept lease is live without a look at the clock.
+        if h.kept == 0 && h.expires_at <= Instant::now() {
+            return false;
+        }
+        h.count -= 1;
+        if kept && h.kept > 0 {
+            h.kept -= 1;
+            if h.kept == 0 && h.count > 0 {
+                // The holds left are fixed leases: the kept lease was renewed just now.
+                h.expires_at = h.expires_at.max(Instant::now() + h.kept_ttl);
+            }
+        }
+        if h.count == 0 {
+            self.end_holder(None);
+            if !self.waiters.is_empty() {
+                self.dispatch(Instant::now());
+            }
+        }
+        true
+    }
 }
 
 impl State {
-    /// `name`'s slot, made on first use.
-    fn slot(&mut self, name: &LockName) -> &mut Slot {
-        // The owned key is an `Arc` clone: one hash, no allocation.
-        self.slots.entry(name.clone()).or_default()
+    /// `name`'s slot, made on first use, and its index.
+    fn slot(&mut self, name: &LockName) -> (usize, &mut Slot) {
+        let next = self.slots.len();
+        // The owned key is an `Arc` clone: no allocation.
+        let at = *self.index.entry(name.clone()).or_insert(next);
+        if at == next {
+            self.slots.push(Slot::new(name.clone()));
+        }
+        (at, &mut self.slots[at])
+    }
+
+    /// `name`'s slot, if it has one: at index `at` if given and right, else looked up.
+    fn find(&mut self, name: &LockName, at: Option<usize>) -> Option<&mut Slot> {
+        // Names compare by pointer first: a grant's name is its slot's.
+        let at = match at.filter(|&i| self.slots.get(i).is_some_and(|s| s.name == *name)) {
+            Some(i) => i,
+            None => *self.index.get(name.as_str())?,
+        };
+        self.slots.get_mut(at)
     }
 }
 
@@ -182,9 +328,9 @@ impl MemoryStore {
     /// Removes `name`'s holder behind its back, as an operator or a failing server would; the
     /// next waiter gets the lock. For tests of the lost signal.
     pub fn remove(&self, name: &LockName) {
-        if let Some(slot) = self.lock().slots.get_mut(name.as_str()) {
-            slot.holder = None;
-            slot.dispatch(name, Instant::now());
+        if let Some(slot) = self.lock().find(name, None) {
+            slot.end_holder(Some(removed()));
+            slot.dispatch(Instant::now());
         }
     }
 
@@ -192,27 +338,30 @@ impl MemoryStore {
     pub fn active_names(&self) -> usize {
         self.lock()
             .slots
-            .values()
+            .iter()
             .filter(|s| s.holder.is_some() || !s.waiters.is_empty())
             .count()
     }
 
     /// How many waiters are queued for `name`.
     pub fn waiters_for(&self, name: &LockName) -> usize {
-        self.lock()
-            .slots
-            .get(name.as_str())
-            .map_or(0, |s| s.waiters.len())
+        self.lock().find(name, None).map_or(0, |s| s.waiters.len())
     }
 
     /// How many waiters are queued, over all names.
     pub fn waiters(&self) -> usize {
-        self.lock().slots.values().map(|s| s.waiters.len()).sum()
+        self.lock().slots.iter().map(|s| s.waiters.len()).sum()
     }
 }
 
 /// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
 /// [`MemoryStore::client`] for several clients of one store.
+///
+/// Its guards are the store's own business: the store keeps a watchdog-managed lease alive for
+/// as long as its guard lives (so the client's watchdog has nothing to renew), a dropped guard
+/// releases at once, with or without a runtime, and `lost()` hears from the store the moment
+/// the lock is removed. A wrapper around it that does not forward
+/// [`DistributedLock::in_process`] gets the guards every networked backend gets instead.
 pub struct MemoryLock {
     store: MemoryStore,
     core: ClientCore,
@@ -243,37 +392,144 @@ impl MemoryLock {
 }
 
 impl MemoryLock {
-    /// The acquire attempt: granted at once if free or held by `req.owner`.
-    fn grant_now(&self, req: &AcquireRequest) -> Option<Grant> {
+    /// The acquire attempt: granted at once if free or held by `owner`, with the index of
+    /// the name's slot. `name` has passed [`check_name`](crate::name::check_name); a name locked
+    /// before (the common case) is found by `&str` and its grant shares the slot's name, so
+    /// nothing is allocated.
+    pub(crate) fn grant_now(
+        &self,
+        name: &str,
+        owner: &OwnerId,
+        ttl: Duration,
+        kept: bool,
+    ) -> Option<(Grant, usize)> {
         let mut s = self.store.lock();
         let now = Instant::now();
-        // A name locked before (the common case) is found by `&str`, without the reference-count
-        // traffic of `slot`'s owned key.
-        if let Some(slot) = s.slots.get_mut(req.name.as_str()) {
-            return slot.try_grant(req, now);
+        if let Some(&at) = s.index.get(name) {
+            return s.slots[at]
+                .try_grant(owner, ttl, kept, now)
+                .map(|g| (g, at));
         }
-        s.slot(&req.name).try_grant(req, now)
+        let (at, slot) = s.slot(&LockName::checked(name));
+        slot.try_grant(owner, ttl, kept, now).map(|g| (g, at))
     }
 
-    /// Gives up one hold of `grant`; false if it no longer held the lock.
-    fn release_now(&self, grant: &Grant) -> bool {
+    /// Gives up one hold of `grant`; false if it no longer held the lock. `at`: the index of
+    /// its slot, if known (else anything out of range, such as `usize::MAX`).
+    pub(crate) fn release_now(&self, grant: &Grant, kept: bool, at: usize) -> bool {
+        self.store
+            .lock()
+            .find(&grant.name, Some(at))
+            .is_some_and(|slot| slot.release(grant, kept))
+    }
+
+    /// Whether `grant` (of an in-process guard; `kept` as it was granted) still holds its lock.
+    /// With `watch`, the store also tells it when the holder goes.
+    pub(crate) fn local_status(
+        &self,
+        grant: &Grant,
+        kept: bool,
+        watch: Option<&Arc<LocalWatch>>,
+    ) -> LocalStatus {
         let mut s = self.store.lock();
         let now = Instant::now();
-        let Some(slot) = s.slots.get_mut(grant.name.as_str()) else {
-            return false;
+        let Some(slot) = s.find(&grant.name, None) else {
+            return LocalStatus::Lost(removed());
         };
-        if !slot.holds(grant, now) {
-            return false;
+        if let Some(h) = slot.holder_of(grant) {
+            let until = if h.kept > 0 {
+                None
+            } else {
+                Some(h.expires_at.checked_sub(drift(grant.ttl)).unwrap_or(now))
+            };
+            if until.is_some_and(|u| now >= u) {
+                return LocalStatus::Lost(LostReason::Expired);
+            }
+            if let Some(w) = watch {
+                slot.watchers.retain(|x| x.strong_count() > 0);
+                if !slot.watchers.iter().any(|x| x.as_ptr() == Arc::as_ptr(w)) {
+                    slot.watchers.push(Arc::downgrade(w));
+                }
+            }
+            return LocalStatus::Held(until);
         }
-        let h = slot.holder.as_mut().expect("held implies a holder");
-        h.count -= 1;
-        if h.count == 0 {
-            slot.holder = None;
-            if !slot.waiters.is_empty() {
-                slot.dispatch(&grant.name, now);
+        LocalStatus::Lost(match &slot.ended {
+            Some((token, why)) if *token == grant.token => why.clone(),
+            // Superseded more than once since: judge by the grant's own lease.
+            _ if !kept && now >= safe_until(grant.sent_at, grant.ttl) => LostReason::Expired,
+            _ => removed(),
+        })
+    }
+
+    /// Acquires for the conveniences, waiting up to `wait`; `kept` as for
+    /// [`grant_now`](Self::grant_now).
+    pub(crate) async fn acquire_kept(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Result<Grant> {
+        tokio::task::coop::consume_budget().await;
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut queued = {
+            let mut s = self.store.lock();
+            s.next_waiter += 1;
+            let id = s.next_waiter;
+            let (_, slot) = s.slot(&req.name);
+            if let Some(g) = slot.try_grant(&req.owner, req.ttl, kept, started) {
+                return Ok(g);
+            }
+            let (tx, rx) = oneshot::channel();
+            slot.waiters.push_back(Waiter {
+                id,
+                owner: req.owner.clone(),
+                ttl: req.ttl,
+                kept,
+                tx,
+            });
+            QueuedWaiter {
+                store: &self.store,
+                name: &req.name,
+                id,
+                rx,
+                done: false,
+            }
+        };
+        loop {
+            // Wake at the deadline or when the holder's lease runs out, whichever is first: an
+            // expired holder sends no notice.
+            let wake = {
+                let mut s = self.store.lock();
+                let expiry = s
+                    .find(&req.name, None)
+                    .and_then(|slot| slot.holder.as_ref())
+                    .filter(|h| h.kept == 0)
+                    .map(|h| h.expires_at);
+                expiry.map_or(deadline, |e| e.min(deadline))
+            };
+            tokio::select! {
+                granted = &mut queued.rx => {
+                    // The sender is only dropped with the waiter entry, which only this
+                    // future removes; an error here means the store broke that invariant.
+                    queued.done = granted.is_ok();
+                    return granted.map_err(|_| {
+                        Error::new(ErrorKind::Backend, "memory store dropped a queued waiter")
+                    });
+                }
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    let now = Instant::now();
+                    self.store.lock().slot(&req.name).1.dispatch(now);
+                    if now >= deadline {
+                        if let Ok(grant) = queued.rx.try_recv() {
+                            queued.done = true;
+                            return Ok(grant);
+                        }
+                        return Err(timeout(wait));
+                    }
+                }
             }
         }
-        true
     }
 }
 
@@ -293,17 +549,17 @@ impl Drop for QueuedWaiter<'_> {
             return;
         }
         let mut s = self.store.lock();
-        let Some(slot) = s.slots.get_mut(self.name.as_str()) else {
+        let Some(slot) = s.find(self.name, None) else {
             return;
         };
         slot.waiters.retain(|w| w.id != self.id);
         // Dispatch sends under the store lock, so under it the grant is either queued or here.
         if let Ok(grant) = self.rx.try_recv() {
             if slot.holder.as_ref().is_some_and(|h| h.token == grant.token) {
-                slot.holder = None;
+                slot.end_holder(None);
             }
         }
-        slot.dispatch(self.name, Instant::now());
+        slot.dispatch(Instant::now());
     }
 }
 
@@ -321,90 +577,29 @@ impl DistributedLock for MemoryLock {
         // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
         // lock calls must still let the runtime run its other tasks (the watchdog among them).
         // Acquires spend it, releases do not: a loop that releases also acquires. (The
-        // conveniences spend it before calling `try_acquire_local`.)
+        // conveniences spend it before calling `grant_now`.)
         tokio::task::coop::consume_budget().await;
-        Ok(self.grant_now(req))
+        Ok(self
+            .grant_now(req.name.as_str(), &req.owner, req.ttl, false)
+            .map(|(grant, _)| grant))
     }
 
-    fn try_acquire_local(&self, req: &AcquireRequest) -> Option<Result<Option<Grant>>> {
-        Some(Ok(self.grant_now(req)))
-    }
-
-    fn release_local(&self, grant: &Grant) -> Option<Result<bool>> {
-        Some(Ok(self.release_now(grant)))
+    fn in_process(&self) -> Option<&MemoryLock> {
+        Some(self)
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        tokio::task::coop::consume_budget().await;
-        let started = Instant::now();
-        let deadline = started + wait;
-        let mut queued = {
-            let mut s = self.store.lock();
-            s.next_waiter += 1;
-            let id = s.next_waiter;
-            let slot = s.slot(&req.name);
-            if let Some(g) = slot.try_grant(req, started) {
-                return Ok(g);
-            }
-            let (tx, rx) = oneshot::channel();
-            slot.waiters.push_back(Waiter {
-                id,
-                owner: req.owner.clone(),
-                ttl: req.ttl,
-                tx,
-            });
-            QueuedWaiter {
-                store: &self.store,
-                name: &req.name,
-                id,
-                rx,
-                done: false,
-            }
-        };
-        loop {
-            // Wake at the deadline or when the holder's lease runs out, whichever is first: an
-            // expired holder sends no notice.
-            let wake = {
-                let s = self.store.lock();
-                let expiry = s
-                    .slots
-                    .get(req.name.as_str())
-                    .and_then(|slot| slot.holder.as_ref())
-                    .map(|h| h.expires_at);
-                expiry.map_or(deadline, |e| e.min(deadline))
-            };
-            tokio::select! {
-                granted = &mut queued.rx => {
-                    // The sender is only dropped with the waiter entry, which only this
-                    // future removes; an error here means the store broke that invariant.
-                    queued.done = granted.is_ok();
-                    return granted.map_err(|_| {
-                        Error::new(ErrorKind::Backend, "memory store dropped a queued waiter")
-                    });
-                }
-                _ = tokio::time::sleep_until(wake.into()) => {
-                    let now = Instant::now();
-                    self.store.lock().slot(&req.name).dispatch(&req.name, now);
-                    if now >= deadline {
-                        if let Ok(grant) = queued.rx.try_recv() {
-                            queued.done = true;
-                            return Ok(grant);
-                        }
-                        return Err(timeout(wait));
-                    }
-                }
-            }
-        }
+        self.acquire_kept(req, wait, false).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        Ok(self.release_now(grant))
+        Ok(self.release_now(grant, false, usize::MAX))
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         let mut s = self.store.lock();
         let now = Instant::now();
-        match s.slots.get_mut(grant.name.as_str()) {
+        match s.find(&grant.name, None) {
             Some(slot) if slot.holds(grant, now) => {
                 let h = slot.holder.as_mut().expect("held implies a holder");
                 h.expires_at = now + ttl;
@@ -421,15 +616,23 @@ impl DistributedLock for MemoryLock {
         tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        let Some(slot) = s.slots.get_mut(name.as_str()) else {
+        let Some(slot) = s.find(name, None) else {
             return Ok(None);
         };
-        slot.dispatch(name, now);
-        Ok(slot.live_holder(now).map(|h| LockInfo {
-            owner: h.owner.clone(),
-            hold_count: h.count,
-            token: h.token,
-            remaining: Some(h.expires_at - now),
+        slot.dispatch(now);
+        Ok(slot.live_holder(now).map(|h| {
+            let left = h.expires_at.saturating_duration_since(now);
+            LockInfo {
+                owner: h.owner.clone(),
+                hold_count: h.count,
+                token: h.token,
+                // A kept lease is renewed continuously: a full lease is always left.
+                remaining: Some(if h.kept > 0 {
+                    left.max(h.kept_ttl)
+                } else {
+                    left
+                }),
+            }
         }))
     }
 }

@@ -92,24 +92,37 @@ fn guard_dropped_inside_a_runtime_releases_in_the_background() {
 #[test]
 fn lost_future_outliving_its_released_guard_resolves_to_released() {
     runtime().block_on(async {
-        let a = Arc::new(MemoryStore::new().client());
-        let g = a.try_lock("watched").await.unwrap().expect("free");
-        let lost = tokio::spawn(g.lost());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!lost.is_finished());
-        assert!(g.release().await.unwrap());
-        let reason = tokio::time::timeout(Duration::from_secs(2), lost)
-            .await
-            .expect("lost() never resolved after release")
-            .unwrap();
-        assert_eq!(reason, LostReason::Released);
+        let store = MemoryStore::new();
+        let local: Arc<dyn DistributedLock> = Arc::new(store.client());
+        let remote: Arc<dyn DistributedLock> = Remote::new(&store);
+        for (path, a) in [("in-process", local), ("watchdog", remote)] {
+            for released in [true, false] {
+                let g = a.try_lock("watched").await.unwrap().expect("free");
+                let lost = tokio::spawn(g.lost());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert!(!lost.is_finished(), "{path}: fired while held");
+                if released {
+                    assert!(g.release().await.unwrap());
+                } else {
+                    drop(g);
+                }
+                let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+                    .await
+                    .unwrap_or_else(|_| panic!("{path}: lost() never resolved"))
+                    .unwrap();
+                assert_eq!(reason, LostReason::Released, "{path}, released {released}");
+                // The drop's release may run in the background on the watchdog path.
+                let g = a.lock("watched", Duration::from_secs(2)).await.unwrap();
+                assert!(g.release().await.unwrap());
+            }
+        }
     });
 }
 
 #[test]
 fn watchdog_stops_renewing_a_released_guard() {
     runtime().block_on(async {
-        let a = Arc::new(MemoryStore::new().client());
+        let a = Remote::new(&MemoryStore::new());
         let opts = LockOptions::new().watchdog_ttl(Duration::from_millis(100));
         let g1 = a.try_lock_with("w1", &opts).await.unwrap().unwrap();
         let g2 = a.try_lock_with("w2", &opts).await.unwrap().unwrap();
@@ -126,7 +139,7 @@ fn watchdog_stops_renewing_a_released_guard() {
 #[test]
 fn watchdog_renews_a_lease_whose_renewal_is_beyond_the_first_sweep() {
     runtime().block_on(async {
-        let a = Arc::new(MemoryStore::new().client());
+        let a = Remote::new(&MemoryStore::new());
         // Starts the watchdog task, so the next guard is enrolled against a running sweep.
         let warm = a.try_lock("far-warm").await.unwrap().unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;

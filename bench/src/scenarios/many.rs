@@ -29,7 +29,9 @@ const CONCURRENCY: usize = 32;
 pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
     let counting = Arc::new(Counting::new(target.client().await?));
     let lock: SharedLock = counting.clone();
-    let renews = lock.capabilities().renewal;
+    // The in-memory store keeps a watchdog-managed lease itself while its guard lives: there is
+    // nothing to renew, and the target is zero.
+    let renews = lock.capabilities().renewal && lock.in_process().is_none();
     let opts = LockOptions::new().watchdog_ttl(plan.many_ttl);
     let prefix = unique_name("many");
 
