@@ -647,14 +647,18 @@ async fn lost_fires_when_lock_is_removed_behind_the_holders_back(cx: Ctx) {
         .await
         .unwrap()
         .expect("free");
-    let lost = g.lost();
+    // Already waiting when the lock goes: it must be woken, not just answer when first polled.
+    let lost = tokio::spawn(g.lost());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!lost.is_finished(), "lost() fired while the lock was held");
     cx.harness()
         .remove_behind_back(&LockName::new(&name).unwrap())
         .await
         .expect("remove hook");
     let reason = tokio::time::timeout(ttl * 3 + Duration::from_secs(2), lost)
         .await
-        .expect("lost() did not fire after the lock was removed");
+        .expect("lost() did not fire after the lock was removed")
+        .expect("the lost() task");
     assert!(
         matches!(
             reason,
