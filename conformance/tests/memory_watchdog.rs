@@ -1,88 +1,13 @@
 //! The in-memory reference backend against the whole suite once more, behind a wrapper that
-//! hides [`DistributedLock::in_process`]: its guards then take the path every networked
+//! hides `DistributedLock::in_process`: its guards then take the path every networked
 //! backend's take (watchdog enrolment, renewals through `renew`, release through the async
 //! primitive), so that path is checked against the reference model too.
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
-use distlock_api::{
-    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
-    LockName, MemoryLock, MemoryStore, Result,
-};
-
-/// A memory client that forwards every primitive but not `in_process`.
-struct Watched(MemoryLock);
-
-#[async_trait]
-impl DistributedLock for Watched {
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-    fn core(&self) -> &ClientCore {
-        self.0.core()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        self.0.try_acquire(req).await
-    }
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        self.0.acquire(req, wait).await
-    }
-    async fn release(&self, grant: &Grant) -> Result<bool> {
-        self.0.release(grant).await
-    }
-    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
-        self.0.renew(grant, ttl).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        self.0.inspect(name).await
-    }
-}
-
-struct Memory {
-    store: MemoryStore,
-}
-
-#[async_trait]
-impl distlock_conformance::Harness for Memory {
-    fn backend(&self) -> &'static str {
-        "memory"
-    }
-    fn capabilities(&self) -> Capabilities {
-        distlock_api::memory::CAPABILITIES
-    }
-    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        let core = ClientCore::new("memory").with_default_ttl(self.short_ttl())?;
-        Ok(Arc::new(Watched(self.store.client().with_core(core))))
-    }
-    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
-        None
-    }
-    async fn remove_behind_back(&self, name: &LockName) -> Result<()> {
-        self.store.remove(name);
-        Ok(())
-    }
-    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
-        Ok(Some(self.store.waiters_for(name)))
-    }
-    fn short_ttl(&self) -> Duration {
-        Duration::from_millis(300)
-    }
-    fn wake_bound(&self) -> Duration {
-        Duration::from_millis(100)
-    }
-    async fn leftovers(&self, _prefix: &str) -> Result<Vec<String>> {
-        let waiters = self.store.waiters();
-        Ok((waiters > 0)
-            .then(|| format!("{waiters} queued waiters"))
-            .into_iter()
-            .collect())
-    }
-}
+#[path = "support/memory.rs"]
+mod support;
 
 fn main() -> ExitCode {
-    distlock_conformance::run(Memory {
-        store: MemoryStore::new(),
-    })
+    distlock_conformance::run(support::Memory::watched())
 }

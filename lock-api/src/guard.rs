@@ -266,21 +266,18 @@ impl LockGuard {
     /// so it can be raced against the critical section or handed to another task; if the guard
     /// is released first, it resolves to [`LostReason::Released`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let watched = match &self.held {
-            Held::Watched { state, .. } => Ok(state.clone()),
+        match &self.held {
+            Held::Watched { state, .. } => Either::Left(watch_state(state.clone())),
             Held::Local {
                 grant, kept, watch, ..
             } => {
                 let watch = watch.get_or_init(Default::default).clone();
-                Err((self.backend.clone(), grant.clone(), *kept, watch))
-            }
-        };
-        async move {
-            match watched {
-                Ok(state) => watch_state(state).await,
-                Err((backend, grant, kept, watch)) => {
-                    watch_local(backend, grant, kept, watch).await
-                }
+                Either::Right(watch_local(
+                    self.backend.clone(),
+                    grant.clone(),
+                    *kept,
+                    watch,
+                ))
             }
         }
     }

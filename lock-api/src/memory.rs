@@ -88,6 +88,12 @@ impl Holder {
     fn live(&self, now: Instant) -> bool {
         self.kept > 0 || self.expires_at > now
     }
+
+    /// Whether this is `grant`'s holder (lease not checked): the one test every conditional
+    /// release and renew makes.
+    fn is(&self, grant: &Grant) -> bool {
+        self.token == grant.token && self.owner == grant.owner
+    }
 }
 
 struct Waiter {
@@ -244,14 +250,11 @@ impl Slot {
 
     /// The holder, if it is `grant`'s (lease not checked).
     fn holder_of(&mut self, grant: &Grant) -> Option<&mut Holder> {
-        self.holder
-            .as_mut()
-            .filter(|h| h.token == grant.token && h.owner == grant.owner)
+        self.holder.as_mut().filter(|h| h.is(grant))
     }
 
     fn holds(&self, grant: &Grant, now: Instant) -> bool {
-        self.live_holder(now)
-            .is_some_and(|h| h.token == grant.token && h.owner == grant.owner)
+        self.live_holder(now).is_some_and(|h| h.is(grant))
     }
 
     /// Gives up one hold of `grant`; false if it no longer held the lock. `kept`: the hold is

@@ -1,0 +1,108 @@
+//! The in-memory harness both memory targets run: `memory` gives the suite the backend as users
+//! get it, `memory_watchdog` puts it behind [`Watched`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{
+    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
+    LockName, MemoryLock, MemoryStore, Result,
+};
+
+pub(crate) struct Memory {
+    store: MemoryStore,
+    /// Whether clients hide [`DistributedLock::in_process`].
+    watched: bool,
+}
+
+impl Memory {
+    /// Clients as users get them: guards kept by the store.
+    pub(crate) fn new() -> Self {
+        Self {
+            store: MemoryStore::new(),
+            watched: false,
+        }
+    }
+
+    /// Clients behind [`Watched`]: guards on the path every networked backend's take.
+    #[allow(dead_code)] // each target uses one constructor
+    pub(crate) fn watched() -> Self {
+        Self {
+            watched: true,
+            ..Self::new()
+        }
+    }
+}
+
+/// A memory client that forwards every primitive but not `in_process`, so its guards take the
+/// networked backends' path (watchdog enrolment, renewals through `renew`, async release).
+struct Watched(MemoryLock);
+
+#[async_trait]
+impl DistributedLock for Watched {
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    fn core(&self) -> &ClientCore {
+        self.0.core()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+        self.0.try_acquire(req).await
+    }
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        self.0.acquire(req, wait).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.0.release(grant).await
+    }
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.0.renew(grant, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.0.inspect(name).await
+    }
+}
+
+#[async_trait]
+impl distlock_conformance::Harness for Memory {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    fn capabilities(&self) -> Capabilities {
+        distlock_api::memory::CAPABILITIES
+    }
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        let core = ClientCore::new("memory").with_default_ttl(self.short_ttl())?;
+        let client = self.store.client().with_core(core);
+        Ok(if self.watched {
+            Arc::new(Watched(client))
+        } else {
+            Arc::new(client)
+        })
+    }
+    async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
+        None
+    }
+    async fn remove_behind_back(&self, name: &LockName) -> Result<()> {
+        self.store.remove(name);
+        Ok(())
+    }
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
+        Ok(Some(self.store.waiters_for(name)))
+    }
+    fn short_ttl(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+    fn wake_bound(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+    async fn leftovers(&self, _prefix: &str) -> Result<Vec<String>> {
+        // Each case's clients share this store alone (one store per process under nextest,
+        // per harness otherwise), so any waiter left at all is a leak.
+        let waiters = self.store.waiters();
+        Ok((waiters > 0)
+            .then(|| format!("{waiters} queued waiters"))
+            .into_iter()
+            .collect())
+    }
+}
