@@ -13,7 +13,7 @@ pub const MAX_OWNER_LEN: usize = 64;
 /// A validated lock name: 1..=255 bytes of UTF-8, no control characters (NUL included), not only
 /// whitespace. Names are case-sensitive on every backend; characters a backend cannot store raw
 /// are encoded by that backend, reversibly, and never shown to the user.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialOrd, Ord)]
 pub struct LockName(Arc<str>);
 
 impl LockName {
@@ -34,6 +34,30 @@ impl LockName {
         &self.0
     }
 }
+
+/// Equality and hashing by text, as derived, except that two handles on one allocation are equal
+/// without a look at the bytes. A grant's name and owner are clones of the ones the backend keeps,
+/// so this is the common case of every conditional release and renew. (`Arc`'s own `==` compares
+/// pointers first only for sized contents, not for `str`.)
+macro_rules! text_identity {
+    ($($t:ty),*) => {$(
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+            }
+        }
+
+        impl Eq for $t {}
+
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                (*self.0).hash(state);
+            }
+        }
+    )*};
+}
+
+text_identity!(LockName, OwnerId);
 
 /// Checks a lock name without allocating: what [`LockName::new`] checks.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {
@@ -147,7 +171,7 @@ impl TryFrom<&str> for LockName {
 ///
 /// 1..=64 bytes of ASCII letters, digits, `-`, `_`, `.` and `:`, so every backend can store it
 /// raw (in a Redis hash field, a SQL column, an etcd key, a ZooKeeper node name).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialOrd, Ord)]
 pub struct OwnerId(Arc<str>);
 
 impl OwnerId {
@@ -248,5 +272,34 @@ mod tests {
         for bad in ["", "a b", "a/b", &"x".repeat(65), "é"] {
             assert!(OwnerId::new(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// Equality by text whether or not two handles share an allocation, and hashing that agrees
+    /// with `str`'s, so a map keyed by names is still found by `&str`.
+    #[test]
+    fn names_and_owners_compare_by_text() {
+        use std::collections::HashMap;
+        use std::hash::BuildHasher;
+
+        let a = LockName::new("jobs/nightly").unwrap();
+        let b = LockName::new(String::from("jobs/") + "nightly").unwrap();
+        assert!(!Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(a, b);
+        assert_eq!(a, a.clone());
+        assert_ne!(a, LockName::new("jobs/nightlY").unwrap());
+        assert_ne!(a, LockName::new("jobs/nightl").unwrap());
+        let hasher = std::collections::hash_map::RandomState::new();
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one("jobs/nightly"));
+        let map = HashMap::from([(a.clone(), 7)]);
+        assert_eq!(map.get("jobs/nightly"), Some(&7));
+        assert_eq!(map.get(&b), Some(&7));
+
+        let o = OwnerId::new("worker-1").unwrap();
+        let p = OwnerId::new(String::from("worker-") + "1").unwrap();
+        assert!(!Arc::ptr_eq(&o.0, &p.0));
+        assert_eq!(o, p);
+        assert_ne!(o, OwnerId::new("worker-2").unwrap());
+        assert_eq!(hasher.hash_one(&o), hasher.hash_one(&p));
     }
 }
