@@ -5,13 +5,9 @@ use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockExt, LockOptions, LostReason, MemoryStore};
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod support;
+
+use support::{runtime, two_clients};
 
 #[test]
 fn guard_dropped_outside_a_runtime_leaves_the_lease_to_expire() {
@@ -43,8 +39,7 @@ fn guard_dropped_outside_a_runtime_leaves_the_lease_to_expire() {
 
 #[test]
 fn in_process_guard_dropped_outside_a_runtime_releases_at_once() {
-    let store = MemoryStore::new();
-    let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+    let (_store, a, b) = two_clients();
     let opts = LockOptions::new().ttl(Duration::from_secs(60));
     let (guard, token) = runtime().block_on(async {
         let g = a

@@ -2,24 +2,18 @@
 //! leases, the lost signal straight from the store, reentrant holds mixing kept and fixed
 //! leases, and release when it is called.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::{DistributedLock, LockExt, LockName, LockOptions, LostReason, MemoryStore};
+use distlock_api::{DistributedLock, LockExt, LockName, LockOptions, LostReason};
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod support;
+
+use support::{runtime, two_clients};
 
 #[test]
 fn a_kept_lease_outlives_many_ttls_with_no_watchdog_and_no_renewal() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (_store, a, b) = two_clients();
         let ttl = Duration::from_millis(50);
         let g = a
             .try_lock_with("kept", &LockOptions::new().watchdog_ttl(ttl))
@@ -55,8 +49,7 @@ fn a_kept_lease_outlives_many_ttls_with_no_watchdog_and_no_renewal() {
 #[test]
 fn removing_the_lock_fires_lost_at_once() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (store, a, b) = two_clients();
         let g = a.try_lock("removed").await.unwrap().expect("free");
         let lost = tokio::spawn(g.lost());
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -84,8 +77,7 @@ fn removing_the_lock_fires_lost_at_once() {
 #[test]
 fn a_fixed_lease_reports_expired_and_a_taker_does_not_change_that() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (_store, a, b) = two_clients();
         let ttl = Duration::from_millis(40);
         let g = a
             .try_lock_with("fixed", &LockOptions::new().ttl(ttl))
@@ -108,8 +100,7 @@ fn a_fixed_lease_reports_expired_and_a_taker_does_not_change_that() {
 #[test]
 fn reentrant_holds_mixing_kept_and_fixed_leases() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (_store, a, b) = two_clients();
         let kept_ttl = Duration::from_millis(300);
         let kept = a
             .try_lock_with("mixed", &LockOptions::new().watchdog_ttl(kept_ttl))
@@ -149,8 +140,7 @@ fn reentrant_holds_mixing_kept_and_fixed_leases() {
 #[test]
 fn a_waiter_granted_from_the_queue_gets_a_kept_lease() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (store, a, b) = two_clients();
         let ttl = Duration::from_millis(60);
         let opts = LockOptions::new()
             .watchdog_ttl(ttl)
@@ -180,8 +170,7 @@ fn a_waiter_granted_from_the_queue_gets_a_kept_lease() {
 #[test]
 fn release_lets_go_when_called_not_when_awaited() {
     runtime().block_on(async {
-        let store = MemoryStore::new();
-        let (a, b) = (Arc::new(store.client()), Arc::new(store.client()));
+        let (_store, a, b) = two_clients();
         let g = a.try_lock("eager").await.unwrap().expect("free");
         let released = g.release();
         assert_eq!(b.holder("eager").await.unwrap(), None);
