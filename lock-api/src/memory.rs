@@ -68,6 +68,10 @@ struct Slot {
     ended: Option<(FencingToken, LostReason)>,
     /// The `lost()` futures of in-process guards of the current holder, told when it goes.
     watchers: Vec<Weak<LocalWatch>>,
+    /// The owner id of the last holder, kept when it goes: a client that takes the name again
+    /// (the usual pattern) gets it back instead of a fresh clone, so a lock cycle costs the
+    /// owner's reference count nothing.
+    last_owner: Option<OwnerId>,
 }
 
 struct Holder {
@@ -152,6 +156,15 @@ impl Slot {
             token: 0,
             ended: None,
             watchers: Vec::new(),
+            last_owner: None,
+        }
+    }
+
+    /// `owner`, as the new holder's own: the last holder's copy if it was the same owner.
+    fn take_owner(&mut self, owner: &OwnerId) -> OwnerId {
+        match self.last_owner.take() {
+            Some(last) if last == *owner => last,
+            _ => owner.clone(),
         }
     }
 
@@ -172,6 +185,7 @@ impl Slot {
             if let Some(why) = why {
                 self.ended = Some((h.token, why));
             }
+            self.last_owner = Some(h.owner);
         }
         if self.watchers.is_empty() {
             return;
@@ -238,7 +252,7 @@ impl Slot {
         }
         let token = self.fresh_token();
         self.holder = Some(Holder {
-            owner: owner.clone(),
+            owner: self.take_owner(owner),
             count: 1,
             token,
             expires_at: now + ttl,
