@@ -6,5 +6,5 @@ use std::process::ExitCode;
 mod support;
 
 fn main() -> ExitCode {
-    distlock_conformance::run(support::Memory::new())
+    distlock_conformance::run(support::Memory::new(false))
 }

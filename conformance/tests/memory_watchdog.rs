@@ -9,5 +9,5 @@ use std::process::ExitCode;
 mod support;
 
 fn main() -> ExitCode {
-    distlock_conformance::run(support::Memory::watched())
+    distlock_conformance::run(support::Memory::new(true))
 }

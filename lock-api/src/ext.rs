@@ -234,19 +234,16 @@ impl<'a> Plan<'a> {
             e.with_backend(core.backend())
                 .with_lock(LockName::checked(name))
         };
-        // What `options.validate()` checks, each bound once.
+        options.validate().map_err(with_ctx)?;
+        if let Some(wait) = wait {
+            check_wait(wait).map_err(with_ctx)?;
+        }
+        // The client's default TTL was checked when it was set.
         let (ttl, renew) = match options.lease {
             Lease::Watchdog => (core.default_ttl(), Some(core.default_ttl())),
             Lease::WatchdogTtl(ttl) => (ttl, Some(ttl)),
             Lease::Fixed(ttl) => (ttl, None),
         };
-        crate::grant::check_ttl(ttl).map_err(with_ctx)?;
-        for w in [options.wait, wait.filter(|&w| Some(w) != options.wait)]
-            .into_iter()
-            .flatten()
-        {
-            check_wait(w).map_err(with_ctx)?;
-        }
         let mem = backend.in_process();
         let caps = match mem {
             Some(_) => crate::memory::CAPABILITIES,

@@ -187,9 +187,6 @@ impl Slot {
             }
             self.last_owner = Some(h.owner);
         }
-        if self.watchers.is_empty() {
-            return;
-        }
         for w in self.watchers.drain(..) {
             if let Some(w) = w.upgrade() {
                 w.changed.notify_waiters();
@@ -265,10 +262,6 @@ impl Slot {
     /// The holder, if it is `grant`'s (lease not checked).
     fn holder_of(&mut self, grant: &Grant) -> Option<&mut Holder> {
         self.holder.as_mut().filter(|h| h.is(grant))
-    }
-
-    fn holds(&self, grant: &Grant, now: Instant) -> bool {
-        self.live_holder(now).is_some_and(|h| h.is(grant))
     }
 
     /// Gives up one hold of `grant`; false if it no longer held the lock. `kept`: the hold is
@@ -616,13 +609,16 @@ impl DistributedLock for MemoryLock {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         let mut s = self.store.lock();
         let now = Instant::now();
-        match s.find(&grant.name, None) {
-            Some(slot) if slot.holds(grant, now) => {
-                let h = slot.holder.as_mut().expect("held implies a holder");
+        let holder = s
+            .find(&grant.name, None)
+            .and_then(|slot| slot.holder_of(grant))
+            .filter(|h| h.live(now));
+        match holder {
+            Some(h) => {
                 h.expires_at = now + ttl;
                 Ok(ttl)
             }
-            _ => Err(lost(
+            None => Err(lost(
                 &grant.name,
                 "the lock is no longer held by this grant",
             )),

@@ -182,13 +182,12 @@ fn release_lets_go_when_called_not_when_awaited() {
 fn each_new_holder_of_a_name_is_its_own_owner_whoever_held_it_last() {
     runtime().block_on(async {
         let (_store, a, b) = two_clients();
-        let owner_of =
-            |lock: &std::sync::Arc<distlock_api::MemoryLock>| lock.core().owner().clone();
         for (taker, other) in [(&a, &b), (&a, &b), (&b, &a), (&a, &b), (&b, &a)] {
+            let me = taker.core().owner();
             let g = taker.try_lock("turns").await.unwrap().expect("free");
-            assert_eq!(*g.owner(), owner_of(taker));
+            assert_eq!(g.owner(), me);
             let info = other.holder("turns").await.unwrap().expect("held");
-            assert_eq!(info.owner, owner_of(taker), "the store's holder");
+            assert_eq!(info.owner, *me, "the store's holder");
             assert!(other.try_lock("turns").await.unwrap().is_none());
             let again = taker.try_lock("turns").await.unwrap().expect("reentrant");
             assert_eq!(again.hold_count(), 2);

@@ -16,20 +16,12 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    /// Clients as users get them: guards kept by the store.
-    pub(crate) fn new() -> Self {
+    /// A fresh store. `watched`: clients behind [`Watched`], whose guards take the path every
+    /// networked backend's take; otherwise clients as users get them (guards kept by the store).
+    pub(crate) fn new(watched: bool) -> Self {
         Self {
             store: MemoryStore::new(),
-            watched: false,
-        }
-    }
-
-    /// Clients behind [`Watched`]: guards on the path every networked backend's take.
-    #[allow(dead_code)] // each target uses one constructor
-    pub(crate) fn watched() -> Self {
-        Self {
-            watched: true,
-            ..Self::new()
+            watched,
         }
     }
 }
