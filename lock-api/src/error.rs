@@ -48,7 +48,13 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// The error of every distlock operation: a kind, a message, the lock and backend it concerns,
 /// the underlying error, and whether retrying may help ([`Error::is_temporary`]).
-pub struct Error {
+///
+/// It is one pointer wide: its parts live in a box, so a `Result<T>` is hardly bigger than `T`
+/// and the futures and guards that carry results stay small. Errors are rare; successes are
+/// moved on every call.
+pub struct Error(Box<Parts>);
+
+struct Parts {
     kind: ErrorKind,
     message: String,
     lock: Option<String>,
@@ -60,67 +66,67 @@ pub struct Error {
 impl Error {
     /// A new error of `kind`; temporary by default for `Timeout` and `Unavailable`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
+        Self(Box::new(Parts {
             kind,
             message: message.into(),
             lock: None,
             backend: None,
             temporary: kind.default_temporary(),
             source: None,
-        }
+        }))
     }
 
     /// Names the lock this error concerns (kept if already set).
     pub fn with_lock(mut self, lock: impl fmt::Display) -> Self {
-        if self.lock.is_none() {
-            self.lock = Some(lock.to_string());
+        if self.0.lock.is_none() {
+            self.0.lock = Some(lock.to_string());
         }
         self
     }
 
     /// Names the backend this error comes from (kept if already set).
     pub fn with_backend(mut self, backend: &'static str) -> Self {
-        if self.backend.is_none() {
-            self.backend = Some(backend);
+        if self.0.backend.is_none() {
+            self.0.backend = Some(backend);
         }
         self
     }
 
     /// Attaches the underlying error.
     pub fn with_source(mut self, source: impl Into<Source>) -> Self {
-        self.source = Some(source.into());
+        self.0.source = Some(source.into());
         self
     }
 
     /// Overrides whether a retry may succeed; decided where the error is made.
     pub fn temporary(mut self, temporary: bool) -> Self {
-        self.temporary = temporary;
+        self.0.temporary = temporary;
         self
     }
 
     /// The kind of error.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// The message, without context.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 
     /// The lock this error concerns, if known.
     pub fn lock(&self) -> Option<&str> {
-        self.lock.as_deref()
+        self.0.lock.as_deref()
     }
 
     /// The backend this error comes from, if known.
     pub fn backend(&self) -> Option<&'static str> {
-        self.backend
+        self.0.backend
     }
 
     /// Whether the same operation may succeed if retried.
     pub fn is_temporary(&self) -> bool {
-        self.temporary
+        self.0.temporary
     }
 
     /// Shorthand for an [`ErrorKind::InvalidArgument`] error.
@@ -139,14 +145,14 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(b) = self.backend {
+        if let Some(b) = self.0.backend {
             write!(f, "{b}: ")?;
         }
-        write!(f, "{}: {}", self.kind, self.message)?;
-        if let Some(l) = &self.lock {
+        write!(f, "{}: {}", self.0.kind, self.0.message)?;
+        if let Some(l) = &self.0.lock {
             write!(f, " (lock {l:?})")?;
         }
-        if let Some(s) = &self.source {
+        if let Some(s) = &self.0.source {
             write!(f, ": {s}")?;
         }
         Ok(())
@@ -156,19 +162,20 @@ impl fmt::Display for Error {
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Error")
-            .field("kind", &self.kind)
-            .field("message", &self.message)
-            .field("lock", &self.lock)
-            .field("backend", &self.backend)
-            .field("temporary", &self.temporary)
-            .field("source", &self.source)
+            .field("kind", &self.0.kind)
+            .field("message", &self.0.message)
+            .field("lock", &self.0.lock)
+            .field("backend", &self.0.backend)
+            .field("temporary", &self.0.temporary)
+            .field("source", &self.0.source)
             .finish()
     }
 }
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
+        self.0
+            .source
             .as_deref()
             .map(|s| s as &(dyn std::error::Error + 'static))
     }
@@ -196,5 +203,13 @@ mod tests {
         assert!(!Error::new(ErrorKind::Unavailable, "x")
             .temporary(false)
             .is_temporary());
+    }
+
+    #[test]
+    fn an_error_is_one_pointer_wide_so_results_stay_small() {
+        let word = std::mem::size_of::<usize>();
+        assert_eq!(std::mem::size_of::<Error>(), word);
+        assert_eq!(std::mem::size_of::<Result<bool>>(), 2 * word);
+        assert_eq!(std::mem::size_of::<Result<()>>(), word);
     }
 }

@@ -2,8 +2,10 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::future::Either;
@@ -124,7 +126,28 @@ impl GrantState {
 pub struct LockGuard {
     backend: Arc<dyn DistributedLock>,
     held: Held,
-    done: bool,
+    /// Released: nothing left for `drop` to do.
+    done: Flag,
+}
+
+/// A `bool` one word wide, for the guard's flags. A guard moves through a few futures on every
+/// lock cycle; behind a `bool` field the compiler copied the seven bytes of padding in
+/// overlapping pieces, which defeats the CPU's store-to-load forwarding. That cost about 10 ns
+/// of a 150 ns in-memory lock cycle.
+#[derive(Clone, Copy)]
+struct Flag(usize);
+
+impl Flag {
+    const NO: Flag = Flag(0);
+    const YES: Flag = Flag(1);
+
+    fn of(value: bool) -> Self {
+        Flag(usize::from(value))
+    }
+
+    fn get(self) -> bool {
+        self.0 != 0
+    }
 }
 
 /// Who looks after the lease and the lost signal.
@@ -136,7 +159,7 @@ enum Held {
     /// `lost()` call.
     Local {
         grant: Grant,
-        kept: bool,
+        kept: Flag,
         /// The index of the name's slot in the store (`usize::MAX`: look it up).
         slot: usize,
         watch: OnceLock<Arc<LocalWatch>>,
@@ -163,7 +186,7 @@ impl LockGuard {
         Self {
             backend,
             held: Held::Watched { state, entry },
-            done: false,
+            done: Flag::NO,
         }
     }
 
@@ -179,11 +202,11 @@ impl LockGuard {
             backend,
             held: Held::Local {
                 grant,
-                kept,
+                kept: Flag::of(kept),
                 slot,
                 watch: OnceLock::new(),
             },
-            done: false,
+            done: Flag::NO,
         }
     }
 
@@ -224,7 +247,7 @@ impl LockGuard {
     fn local_status(&self, watch: Option<&Arc<LocalWatch>>) -> Option<LocalStatus> {
         match &self.held {
             Held::Local { grant, kept, .. } => Some(match self.backend.in_process() {
-                Some(mem) => mem.local_status(grant, *kept, watch),
+                Some(mem) => mem.local_status(grant, kept.get(), watch),
                 None => LocalStatus::Lost(LostReason::ClientGone),
             }),
             Held::Watched { .. } => None,
@@ -275,7 +298,7 @@ impl LockGuard {
                 Either::Right(watch_local(
                     self.backend.clone(),
                     grant.clone(),
-                    *kept,
+                    kept.get(),
                     watch,
                 ))
             }
@@ -320,11 +343,11 @@ impl LockGuard {
     /// polled (dropped unpolled, the guard is dropped, and releases as a dropped guard does).
     pub fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
         if let Held::Local { .. } = self.held {
-            self.done = true;
-            return Either::Left(std::future::ready(Ok(self.give_up().unwrap_or(false))));
+            self.done = Flag::YES;
+            return Either::Left(Released(Flag::of(self.give_up().unwrap_or(false))));
         }
         Either::Right(Box::pin(async move {
-            self.done = true;
+            self.done = Flag::YES;
             self.give_up();
             let grant = self.grant();
             self.backend
@@ -362,13 +385,25 @@ impl LockGuard {
                 let released = self
                     .backend
                     .in_process()
-                    .is_some_and(|mem| mem.release_now(grant, *kept, *slot));
+                    .is_some_and(|mem| mem.release_now(grant, kept.get(), *slot));
                 if let Some(w) = watch {
                     w.changed.notify_waiters();
                 }
                 Some(released)
             }
         }
+    }
+}
+
+/// The future of an in-process release, which is done when the future is made: whether the
+/// lock was still held. (A `Ready<Result<bool>>` here was copied byte-wise, as [`Flag`] says.)
+struct Released(Flag);
+
+impl Future for Released {
+    type Output = Result<bool>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<bool>> {
+        Poll::Ready(Ok(self.0.get()))
     }
 }
 
@@ -429,7 +464,7 @@ async fn sleep_until(until: Option<Instant>) {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.done || self.give_up().is_some() {
+        if self.done.get() || self.give_up().is_some() {
             return;
         }
         // Without a runtime there is nothing to release on; the lease expires by itself.
