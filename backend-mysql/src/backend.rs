@@ -1,6 +1,5 @@
 //! [`MysqlLock`]: the lock table, the fencing counter, the sweeper and the trait impl.
 
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,11 +14,11 @@ use sqlx::mysql::{
     MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
     MySqlQueryResult,
 };
-use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Connection, Executor, MySql, Row};
+use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
+use crate::conn::{Lent, Pool, PING_IDLE_AFTER};
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
@@ -43,10 +42,6 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// this transaction as a deadlock victim). Each round means someone else made progress.
 const MAX_ROUNDS: usize = 16;
 
-/// A pooled connection idle longer than this is pinged before use, so a server restart or an
-/// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
-const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
-
 /// A client of the MySQL/MariaDB lock table: two connection pools (acquiring; renewing and
 /// releasing), one owner id, one watchdog, and (if configured) one sweeper task.
 ///
@@ -62,10 +57,10 @@ pub struct MysqlLock {
 /// The state shared with the tasks that run acquire attempts and sweeps.
 struct Inner {
     /// Acquire attempts, inspect and the sweeper.
-    pool: MySqlPool,
+    pool: Pool,
     /// Renewals and releases: the statements that keep held locks alive or free them get
     /// connections of their own, so a burst of contenders cannot delay them past a lease.
-    holders: MySqlPool,
+    holders: Pool,
     /// Renewals due together, sent as one transaction (see [`crate::renewal`]).
     renewals: Arc<Renewals>,
     sql: Statements,
@@ -140,6 +135,7 @@ impl MysqlLock {
                 })
                 .connect_lazy_with(options.clone())
         };
+        let pool = || Pool::new(pool(), config.pool_size_value());
         let holders = pool();
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
@@ -172,9 +168,11 @@ impl MysqlLock {
         &self.inner.server_version
     }
 
-    /// The client's connection pool, for statements of your own against the same server.
+    /// The client's connection pool, for statements of your own against the same server. The
+    /// lock operations set one idle connection of it aside for the next one (unless it holds
+    /// only one).
     pub fn pool(&self) -> &MySqlPool {
-        &self.inner.pool
+        self.inner.pool.sqlx()
     }
 
     /// Deletes every expired row now, in batches, and returns how many it deleted. Never
@@ -314,7 +312,7 @@ impl Inner {
     }
 
     /// A connection of `pool` for one operation on `name`, within the connect timeout.
-    async fn lend(&self, pool: &MySqlPool, name: &LockName) -> Result<Lent> {
+    async fn lend<'a>(&self, pool: &'a Pool, name: &LockName) -> Result<Lent<'a>> {
         Lent::from(pool)
             .await
             .map_err(self.err("getting a pooled connection", name))
@@ -651,7 +649,7 @@ impl Inner {
                 // Lost a lock race with an acquire or renewal; the next sweep catches up.
                 Err(e) if is_conflict(&e) => 0,
                 Err(e) => {
-                    conn.give_back();
+                    conn.give_back_after_error();
                     return Err(map_error(e, &what()));
                 }
             };
@@ -663,75 +661,6 @@ impl Inner {
             }
             // Let acquires and renewals queued behind this batch's row locks go first.
             tokio::task::yield_now().await;
-        }
-    }
-}
-
-/// A pooled connection lent to one server operation. It goes back to the pool only through
-/// [`give_back`](Lent::give_back) (or [`finish`](Lent::finish)), once the operation has come to
-/// an end: an answer, or an error from the driver. Dropped otherwise — the operation ran out of
-/// the operation timeout, or its future was dropped in the middle of a statement — it is closed
-/// on the spot: detached from the pool, which frees its slot at once, and its socket closed
-/// without a word to the server, so closing never waits for a server that does not answer.
-///
-/// Returned to the pool instead, sqlx would ping it first, with no time limit, in a task that
-/// keeps its pool slot for as long as a paused server stays silent; and the next user could
-/// find a statement or a transaction cut short on it. When the server reads the closed socket it
-/// ends the session, which rolls back any transaction that was left open.
-pub(crate) struct Lent(Option<PoolConnection<MySql>>);
-
-impl Lent {
-    /// A connection of `pool`, within the pool's acquire timeout (the connect timeout).
-    pub(crate) async fn from(pool: &MySqlPool) -> sqlx::Result<Self> {
-        Ok(Self(Some(pool.acquire().await?)))
-    }
-
-    /// The operation is over and left the connection idle: back to the pool with it.
-    pub(crate) fn give_back(mut self) {
-        drop(self.0.take());
-    }
-
-    /// Ends an operation run under `tokio::time::timeout`: gives the connection back and
-    /// returns the operation's result if it finished in time; closes the connection and
-    /// returns `None` if it ran out of time.
-    pub(crate) fn finish<T>(
-        self,
-        outcome: std::result::Result<T, tokio::time::error::Elapsed>,
-    ) -> Option<T> {
-        match outcome {
-            Ok(v) => {
-                self.give_back();
-                Some(v)
-            }
-            Err(_) => None,
-        }
-    }
-}
-
-impl Deref for Lent {
-    type Target = MySqlConnection;
-
-    fn deref(&self) -> &MySqlConnection {
-        self.0
-            .as_deref()
-            .expect("a lent connection is there until it is given back")
-    }
-}
-
-impl DerefMut for Lent {
-    fn deref_mut(&mut self) -> &mut MySqlConnection {
-        self.0
-            .as_deref_mut()
-            .expect("a lent connection is there until it is given back")
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.take() {
-            // Detached, the pool forgets it (and may open a replacement); dropping the bare
-            // connection closes its socket synchronously.
-            drop(conn.detach());
         }
     }
 }

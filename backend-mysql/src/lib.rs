@@ -4,6 +4,7 @@
 
 mod backend;
 mod config;
+mod conn;
 mod renewal;
 mod sql;
 

@@ -23,11 +23,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnection, MySqlPool};
+use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::backend::Lent;
+use crate::conn::{Lent, Pool};
 
 /// The most renewals one transaction carries.
 const MAX_BATCH: usize = 64;
@@ -75,7 +75,7 @@ pub(crate) struct Renewals {
     queue: Mutex<Vec<Job>>,
     /// One permit per flusher that may run at once (the size of the holders' pool).
     flushers: Arc<Semaphore>,
-    pool: MySqlPool,
+    pool: Pool,
     renew_sql: Arc<str>,
     /// The limit on one batch, its commit included.
     operation_timeout: Duration,
@@ -83,7 +83,7 @@ pub(crate) struct Renewals {
 
 impl Renewals {
     pub(crate) fn new(
-        pool: MySqlPool,
+        pool: Pool,
         renew_sql: Arc<str>,
         flushers: usize,
         operation_timeout: Duration,
@@ -186,7 +186,7 @@ impl Renewals {
                     fail(batch, driver(e));
                     // The connection may be broken (the pool tests it before reuse); the next
                     // batch takes a fresh one.
-                    conn.give_back();
+                    conn.give_back_after_error();
                     return;
                 }
             }
