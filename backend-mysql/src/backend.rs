@@ -11,14 +11,13 @@ use distlock_api::{
     TtlSupport,
 };
 use sqlx::mysql::{
-    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
-    MySqlQueryResult,
+    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult,
 };
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
-use crate::conn::{Lent, Pool, PING_IDLE_AFTER};
+use crate::conn::{Lent, Pool};
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
@@ -116,26 +115,8 @@ impl MysqlLock {
             )
             .with_backend(BACKEND)
         })??;
-        let pool = || {
-            MySqlPoolOptions::new()
-                .max_connections(config.pool_size_value())
-                .min_connections(0)
-                .acquire_timeout(timeout)
-                .idle_timeout(Duration::from_secs(300))
-                // sqlx pings every connection it hands out by default: a round trip per lock
-                // operation. Ping only connections that sat idle long enough to go stale.
-                .test_before_acquire(false)
-                .before_acquire(|conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for > PING_IDLE_AFTER {
-                            conn.ping().await?;
-                        }
-                        Ok(true)
-                    })
-                })
-                .connect_lazy_with(options.clone())
-        };
-        let pool = || Pool::new(pool(), config.pool_size_value());
+        let size = config.pool_size_value();
+        let pool = || Pool::connect_lazy(options.clone(), size, timeout);
         let holders = pool();
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.

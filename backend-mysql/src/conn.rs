@@ -5,13 +5,13 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use sqlx::mysql::{MySqlConnection, MySqlPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
-use sqlx::MySql;
+use sqlx::{Connection, MySql};
 
 /// A pooled connection idle longer than this is pinged before use, so a server restart or an
 /// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
-pub(crate) const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
+const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// A sqlx pool, and one connection set aside by the last operation that ended cleanly.
 ///
@@ -36,8 +36,30 @@ struct Spare {
 }
 
 impl Pool {
-    /// `pool`, which may hold up to `size` connections.
-    pub(crate) fn new(pool: MySqlPool, size: u32) -> Self {
+    /// A pool of up to `size` connections to the server of `options`, opened when first
+    /// needed; waiting for one gives up after `acquire_timeout`.
+    pub(crate) fn connect_lazy(
+        options: MySqlConnectOptions,
+        size: u32,
+        acquire_timeout: Duration,
+    ) -> Self {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(size)
+            .min_connections(0)
+            .acquire_timeout(acquire_timeout)
+            .idle_timeout(Duration::from_secs(300))
+            // sqlx pings every connection it hands out by default: a round trip per lock
+            // operation. Ping only connections that sat idle long enough to go stale.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_IDLE_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_lazy_with(options);
         Self {
             pool,
             spare: Arc::default(),

@@ -24,6 +24,15 @@ async fn admin_commands(status: &mut MySqlConnection) -> u64 {
     value.parse().expect("Com_admin_commands is a number")
 }
 
+/// One lock cycle.
+async fn cycle(lock: &SharedLock) {
+    let guard = lock
+        .lock("reused", Duration::from_secs(5))
+        .await
+        .expect("lock");
+    assert!(guard.release().await.expect("release"));
+}
+
 /// sqlx pings every connection that goes back to its pool; a client sets the connection of an
 /// operation that ended cleanly aside for its next one instead. So a run of lock cycles on one
 /// client sends the server no pings, where sqlx's pool would send two per cycle.
@@ -41,20 +50,12 @@ async fn consecutive_lock_operations_reuse_a_connection_without_pinging_it() {
         .expect("a connection for reading the server's status");
 
     // The first cycle opens the connections (and lets go of the one used to set up).
-    let guard = lock
-        .lock("reused", Duration::from_secs(5))
-        .await
-        .expect("lock");
-    assert!(guard.release().await.expect("release"));
+    cycle(&lock).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let before = admin_commands(&mut status).await;
     for _ in 0..CYCLES {
-        let guard = lock
-            .lock("reused", Duration::from_secs(5))
-            .await
-            .expect("lock");
-        assert!(guard.release().await.expect("release"));
+        cycle(&lock).await;
     }
     // A pool's ping runs in a task of its own after the hand-back: let any of them land.
     tokio::time::sleep(Duration::from_millis(300)).await;
