@@ -400,7 +400,7 @@ mod tests {
         assert_eq!(c.lease_ttl_secs(), 2);
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.request_timeout, Duration::from_secs(60));
-        assert_eq!(c.owner.as_ref().map(|o| o.as_str()), Some("me-1"));
+        assert_eq!(c.owner.as_ref().map(|o| o.label()), Some("me-1"));
         assert_eq!(c.user, Some(("u@x".to_string(), "p:ss".to_string())));
         assert!(!format!("{c:?}").contains("p:ss"), "password in Debug");
     }

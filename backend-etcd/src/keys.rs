@@ -56,7 +56,7 @@ pub(crate) fn parse_entry(dir: &str, key: &[u8]) -> Option<(i64, OwnerId)> {
     let (lease, owner) = rest.split_at_checked(16)?;
     let owner = owner.strip_prefix('-')?;
     let lease = i64::from_str_radix(lease, 16).ok()?;
-    Some((lease, OwnerId::new(owner).ok()?))
+    Some((lease, OwnerId::parse(owner).ok()?))
 }
 
 /// The lease id an entry key was written under, from its last segment.

@@ -322,7 +322,7 @@ impl AcquireJob {
                 .locks
                 .find_one_and_update(
                     commands::by_name(self.req.name.as_str()),
-                    commands::acquire_pipeline(self.req.owner.as_str(), ttl_ms),
+                    commands::acquire_pipeline(&self.req.owner.text(), ttl_ms),
                 )
                 .upsert(true)
                 .return_document(ReturnDocument::After)
@@ -339,7 +339,7 @@ impl AcquireJob {
                 continue;
             };
             let state = State::read(&doc).map_err(|e| e.with_lock(&self.req.name))?;
-            if state.owner.as_deref() != Some(self.req.owner.as_str()) {
+            if state.owner.as_deref() != Some(&*self.req.owner.text()) {
                 // Someone else holds it. The reply carries no server time, so ask how long the
                 // holder's lease runs, by the server's clock, to wake no later than its end.
                 let expires_in = read_state(&self.locks, self.timeout, &self.req.name)
@@ -466,7 +466,8 @@ async fn release_grant(
     timeout: Duration,
     grant: &Grant,
 ) -> Result<bool> {
-    let (name, owner) = (grant.name.as_str(), grant.owner.as_str());
+    let owner_text = grant.owner.text();
+    let (name, owner) = (grant.name.as_str(), &*owner_text);
     let Ok(token) = i64::try_from(grant.token.0) else {
         return Ok(false);
     };
@@ -547,7 +548,7 @@ impl DistributedLock for MongoLock {
                 "renew failed",
                 self.locks
                     .update_one(
-                        commands::held_by(grant.name.as_str(), grant.owner.as_str(), token),
+                        commands::held_by(grant.name.as_str(), &grant.owner.text(), token),
                         commands::renew_pipeline(ttl_ms),
                     )
                     .into_future(),
@@ -567,9 +568,9 @@ impl DistributedLock for MongoLock {
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
         // Grants of one owner renewed for one TTL share a request pair; in practice that is
         // every grant of the client.
-        let mut groups: Vec<((&str, i64), Vec<usize>)> = Vec::new();
+        let mut groups: Vec<((String, i64), Vec<usize>)> = Vec::new();
         for (i, (grant, ttl)) in grants.iter().enumerate() {
-            let key = (grant.owner.as_str(), ttl_millis(*ttl));
+            let key = (grant.owner.to_string(), ttl_millis(*ttl));
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, members)) => members.push(i),
                 None => groups.push((key, vec![i])),
@@ -583,7 +584,7 @@ impl DistributedLock for MongoLock {
                 continue;
             }
             let names: Vec<&str> = members.iter().map(|&i| grants[i].0.name.as_str()).collect();
-            match self.renew_held(&names, owner, ttl_ms).await {
+            match self.renew_held(&names, &owner, ttl_ms).await {
                 Ok(held) => {
                     for &i in &members {
                         let grant = &grants[i].0;
@@ -622,7 +623,7 @@ impl DistributedLock for MongoLock {
             return Ok(None);
         };
         let owner = state.owner.as_deref().unwrap_or_default();
-        let owner = distlock_api::OwnerId::new(owner).map_err(|_| {
+        let owner = distlock_api::OwnerId::parse(owner).map_err(|_| {
             Error::new(
                 ErrorKind::Backend,
                 format!("the lock document's owner {owner:?} is not an owner id"),

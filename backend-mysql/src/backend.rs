@@ -326,7 +326,8 @@ impl Inner {
         req: &AcquireRequest,
     ) -> Result<Attempt> {
         let name = req.name.as_str().as_bytes();
-        let owner = req.owner.as_str().as_bytes();
+        let owner_text = req.owner.text();
+        let owner = owner_text.as_bytes();
         let ttl_us = micros(req.ttl);
         for _ in 0..MAX_ROUNDS {
             let row = self
@@ -381,7 +382,8 @@ impl Inner {
         ttl_us: u64,
     ) -> sqlx::Result<Option<Grant>> {
         let name = req.name.as_str().as_bytes();
-        let owner = req.owner.as_str().as_bytes();
+        let owner_text = req.owner.text();
+        let owner = owner_text.as_bytes();
         let sent_at = Instant::now();
         let done = sqlx::query(AssertSqlSafe(self.sql.join.clone()))
             .bind(ttl_us)
@@ -411,7 +413,8 @@ impl Inner {
         ttl_us: u64,
     ) -> sqlx::Result<Option<Grant>> {
         let name = req.name.as_str().as_bytes();
-        let owner = req.owner.as_str().as_bytes();
+        let owner_text = req.owner.text();
+        let owner = owner_text.as_bytes();
         let mut tx = conn.begin().await?;
         let result: sqlx::Result<Option<(u64, Instant)>> = async {
             let bumped = sqlx::query(AssertSqlSafe(self.sql.bump_fencing.clone()))
@@ -477,7 +480,8 @@ impl Inner {
 
     async fn release_on(&self, conn: &mut MySqlConnection, g: &Grant) -> Result<bool> {
         let name = g.name.as_str().as_bytes();
-        let owner = g.owner.as_str().as_bytes();
+        let owner_text = g.owner.text();
+        let owner = owner_text.as_bytes();
         let token = g.token.0;
         let fail = || self.err("releasing", &g.name);
         let exec = |sql: &Arc<str>| {
@@ -544,7 +548,7 @@ impl Inner {
             .renewals
             .renew(
                 g.name.as_str().as_bytes(),
-                g.owner.as_str().as_bytes(),
+                g.owner.text().as_bytes(),
                 g.token.0,
                 ttl_us,
             )
@@ -592,7 +596,7 @@ impl Inner {
         };
         let owner = String::from_utf8(r.owner)
             .ok()
-            .and_then(|o| OwnerId::new(o).ok())
+            .and_then(|o| OwnerId::parse(&o).ok())
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::Backend,

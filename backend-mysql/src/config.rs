@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(c.sweep_interval_value(), Some(Duration::from_millis(250)));
         assert_eq!(c.sweep_batch_value(), 7);
         assert_eq!(c.default_ttl_value(), Duration::from_millis(900));
-        assert_eq!(c.owner_value().map(|o| o.as_str()), Some("w-1"));
+        assert_eq!(c.owner_value().map(|o| o.label()), Some("w-1"));
         assert!(!c.create_tables_value());
         assert!(
             !format!("{c:?}").contains("p:ss"),

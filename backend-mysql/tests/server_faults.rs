@@ -103,7 +103,7 @@ where
 
 fn assert_held_by(info: Option<LockInfo>, owner: &str, token: FencingToken, when: &str) {
     let info = info.unwrap_or_else(|| panic!("{when}: the lock row is gone (holder() = None)"));
-    assert_eq!(info.owner.as_str(), owner, "{when}: wrong holder: {info:?}");
+    assert_eq!(info.owner.label(), owner, "{when}: wrong holder: {info:?}");
     assert_eq!(info.token, token, "{when}: wrong token: {info:?}");
     assert!(
         info.remaining.is_some_and(|r| !r.is_zero()),

@@ -189,7 +189,7 @@ impl Server {
         let mut inv = SCRIPTS.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
-            .arg(owner.as_str())
+            .arg(&*owner.text())
             .arg(millis(ttl));
         let reply =
             ints(self.run("acquire", inv).await?).ok_or_else(|| self.bad_reply("acquire"))?;
@@ -216,7 +216,7 @@ impl Server {
     ) -> Result<Option<u32>> {
         let mut inv = SCRIPTS.release.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
-            .arg(owner.as_str())
+            .arg(&*owner.text())
             .arg(token)
             .arg(self.keys.channel(name));
         match int(self.run("release", inv).await?) {
@@ -239,7 +239,7 @@ impl Server {
     ) -> Result<bool> {
         let mut inv = SCRIPTS.renew.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
-            .arg(owner.as_str())
+            .arg(&*owner.text())
             .arg(token)
             .arg(millis(ttl));
         match int(self.run("renew", inv).await?) {
@@ -261,7 +261,7 @@ impl Server {
         let mut inv = SCRIPTS.fence.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
-            .arg(owner.as_str())
+            .arg(&*owner.text())
             .arg(token)
             .arg(derived);
         match int(self.run("fence", inv).await?) {
@@ -285,7 +285,7 @@ impl Server {
             let [owner, count, token, fence, pttl] = <[Value; 5]>::try_from(items).ok()?;
             let owner: String = redis::from_redis_value(owner).ok()?;
             Some(Holder {
-                owner: OwnerId::new(&owner).ok()?,
+                owner: OwnerId::parse(&owner).ok()?,
                 count: u32::try_from(int(count)?).ok()?,
                 token: u64::try_from(int(token)?).ok()?,
                 fence: u64::try_from(int(fence)?).ok()?,

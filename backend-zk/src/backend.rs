@@ -84,7 +84,7 @@ struct NodeData {
 impl NodeData {
     fn bytes(owner: &OwnerId, holds: u32) -> Vec<u8> {
         serde_json::to_vec(&NodeData {
-            owner: owner.as_str().to_string(),
+            owner: owner.to_string(),
             holds,
         })
         .unwrap_or_default()
@@ -957,7 +957,7 @@ impl DistributedLock for ZkLock {
                 .with_backend("zk")
                 .with_lock(name)
             })?;
-            let owner = OwnerId::new(&parsed.owner).map_err(|e| {
+            let owner = OwnerId::parse(&parsed.owner).map_err(|e| {
                 Error::new(
                     ErrorKind::Backend,
                     "the holder's node names a malformed owner",

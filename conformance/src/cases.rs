@@ -10,6 +10,7 @@ use distlock_api::{
 };
 use futures::future::join_all;
 
+use crate::ownership::*;
 use crate::proxy::Proxy;
 use crate::runner::{Case, CaseFuture, Ctx};
 
@@ -36,6 +37,9 @@ fn renewal(c: &Capabilities, _: bool) -> Gate {
 }
 fn reentrant(c: &Capabilities, _: bool) -> Gate {
     c.reentrant.then_some(()).ok_or("not reentrant")
+}
+fn reentrant_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
+    reentrant(c, r).and(per_lock_ttl(c, r))
 }
 fn not_reentrant(c: &Capabilities, _: bool) -> Gate {
     (!c.reentrant).then_some(()).ok_or("reentrant")
@@ -111,6 +115,14 @@ cases! {
     paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it: remote,
     partitioned_holder_is_lost_before_anyone_else_acquires: remote,
     waiter_outlives_a_server_outage_and_leaves_nothing_behind: remote,
+    two_tasks_on_one_handle_exclude_each_other: always,
+    the_same_task_asking_twice_is_excluded: always,
+    reentered_holds_share_the_token_and_free_after_the_last_release: reentrant,
+    guards_of_one_hold_release_in_any_order: reentrant,
+    reentering_a_hold_that_ended_fails_cleanly: reentrant_per_lock_ttl,
+    explicit_owner_reenters_only_on_its_own_handle: reentrant,
+    tasks_sharing_two_handles_keep_a_counter_exact: always,
+    guard_dropped_on_a_plain_thread_frees_the_lock: always,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,10 +200,10 @@ async fn distinct_working_locks(cx: &Ctx, names: &[String]) {
         assert_eq!(g.name().as_str(), n);
         guards.push(g);
     }
-    for n in names {
+    for (n, g) in names.iter().zip(&guards) {
         assert_eq!(
             holder_of(&other, n).await.as_ref(),
-            Some(c.core().owner()),
+            Some(g.owner()),
             "{n:?}"
         );
         assert!(
@@ -286,8 +298,8 @@ async fn names_are_case_sensitive(cx: Ctx) {
         .await
         .unwrap()
         .expect("\"lock\" must be a different lock from \"Lock\"");
-    assert_eq!(holder_of(&a, &upper).await.as_ref(), Some(a.core().owner()));
-    assert_eq!(holder_of(&a, &lower).await.as_ref(), Some(b.core().owner()));
+    assert_eq!(holder_of(&a, &upper).await.as_ref(), Some(ga.owner()));
+    assert_eq!(holder_of(&a, &lower).await.as_ref(), Some(gb.owner()));
     assert!(ga.release().await.unwrap());
     assert!(gb.release().await.unwrap());
 }
@@ -337,7 +349,7 @@ async fn malformed_owner_id_is_invalid_argument(cx: Ctx) {
         .await
         .unwrap()
         .expect("free");
-    assert_eq!(g.owner().as_str(), "ok-owner_1.x:y");
+    assert_eq!(g.owner().label(), "ok-owner_1.x:y");
     assert!(g.release().await.unwrap());
 }
 
@@ -369,7 +381,7 @@ async fn try_acquire_free_lock_grants_with_holder_and_token(cx: Ctx) {
     let sent = Instant::now();
     let g = must_lock(&c, &name).await;
     assert_eq!(g.name().as_str(), name);
-    assert_eq!(g.owner(), c.core().owner());
+    assert_eq!(g.owner().label(), c.core().owner().label());
     assert_eq!(g.hold_count(), 1);
     assert!(!g.is_lost());
     if c.capabilities().fencing_tokens() {
@@ -379,7 +391,7 @@ async fn try_acquire_free_lock_grants_with_holder_and_token(cx: Ctx) {
         );
     }
     let info = c.holder(&name).await.unwrap().expect("held");
-    assert_eq!(&info.owner, c.core().owner());
+    assert_eq!(&info.owner, g.owner());
     assert_eq!(info.hold_count, 1);
     assert_eq!(info.token, g.token());
     if let Some(until) = g.safe_until() {
@@ -405,7 +417,7 @@ async fn try_acquire_held_lock_returns_none(cx: Ctx) {
     assert!(b.try_lock(&name).await.unwrap().is_none());
     let e = b.lock(&name, Duration::ZERO).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(a.core().owner()));
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
 }
 
@@ -418,9 +430,10 @@ async fn caller_supplied_owner_is_the_holder(cx: Ctx) {
         .await
         .unwrap()
         .expect("free");
-    assert_eq!(g.owner(), &me);
-    assert_eq!(holder_of(&c, &name).await, Some(me));
-    // The client's own owner id is someone else for this lock.
+    // The label is the caller's; the id the server stores is qualified by the handle.
+    assert_eq!(g.owner().label(), me.label());
+    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(g.owner()));
+    // An acquisition without that owner is someone else for this lock.
     assert!(c.try_lock(&name).await.unwrap().is_none());
     assert!(g.release().await.unwrap());
 }
@@ -452,7 +465,7 @@ async fn release_by_other_owner_is_not_held_and_keeps_the_lock(cx: Ctx) {
         !a.release(&forged).await.unwrap(),
         "foreign release reported held"
     );
-    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(a.core().owner()));
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(g.owner()));
     assert!(
         b.try_lock(&name).await.unwrap().is_none(),
         "foreign release freed the lock"
@@ -485,7 +498,7 @@ async fn stale_release_never_frees_a_newer_holder(cx: Ctx) {
     let mut mixed = newer.grant().clone();
     mixed.owner = stale.owner.clone();
     assert!(!a.release(&mixed).await.unwrap());
-    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(b.core().owner()));
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(newer.owner()));
     assert!(!newer.is_lost());
     assert!(newer.release().await.unwrap());
 }
@@ -514,7 +527,7 @@ async fn fixed_lease_expires_without_renewal(cx: Ctx) {
         !g.release().await.unwrap(),
         "expired grant's release reported held"
     );
-    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(g2.owner()));
     assert!(g2.release().await.unwrap());
 }
 
@@ -673,7 +686,7 @@ async fn lost_fires_when_lock_is_removed_behind_the_holders_back(cx: Ctx) {
         !g.release().await.unwrap(),
         "lost guard's release reported held"
     );
-    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(g2.owner()));
     assert!(g2.release().await.unwrap());
 }
 
@@ -711,7 +724,7 @@ async fn one_lock_removed_among_many_fires_only_its_own_guard(cx: Ctx) {
         assert!(!g.is_lost(), "{}: {:?}", g.name(), g.lost_reason());
         assert_eq!(
             holder_of(&a, g.name().as_str()).await.as_ref(),
-            Some(a.core().owner()),
+            Some(g.owner()),
             "{} is no longer held",
             g.name()
         );
@@ -732,7 +745,7 @@ async fn renew_by_other_owner_fails_with_lost(cx: Ctx) {
         .await
         .expect_err("foreign renew succeeded");
     assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
-    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(a.core().owner()));
+    assert_eq!(holder_of(&a, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
     let e = a
         .renew(
@@ -760,8 +773,11 @@ async fn reentrant_acquire_counts_holds_and_keeps_the_token(cx: Ctx) {
     let (a, b) = (cx.client().await, cx.client().await);
     let name = cx.name("re");
     let g1 = must_lock(&a, &name).await;
-    let g2 = must_lock(&a, &name).await;
-    let g3 = must_lock(&a, &name).await;
+    let g2 = g1.reenter().await.expect("re-enter through the guard");
+    let g3 = g2
+        .reenter()
+        .await
+        .expect("re-enter through the second guard");
     assert_eq!(
         (g1.hold_count(), g2.hold_count(), g3.hold_count()),
         (1, 2, 3)
@@ -788,6 +804,9 @@ async fn reacquire_by_holder_is_contended_without_reentrancy(cx: Ctx) {
     assert!(c.try_lock(&name).await.unwrap().is_none());
     let e = c.lock(&name, Duration::from_millis(200)).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    // Explicit re-entry is refused, not left to deadlock.
+    let e = g.reenter().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(g.release().await.unwrap());
 }
 
@@ -868,7 +887,7 @@ async fn waiter_takes_over_when_holder_lease_expires(cx: Ctx) {
         started.elapsed() >= ttl / 2,
         "granted while the holder's lease was live"
     );
-    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(b.core().owner()));
+    assert_eq!(holder_of(&b, &name).await.as_ref(), Some(g2.owner()));
     std::mem::forget(g);
     assert!(g2.release().await.unwrap());
 }
@@ -910,7 +929,7 @@ async fn cancelled_acquire_leaves_nothing_behind(cx: Ctx) {
         .lock(&name, Duration::from_secs(5))
         .await
         .expect("a cancelled waiter left something that blocks the lock");
-    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(c.core().owner()));
+    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(g2.owner()));
     assert!(g2.release().await.unwrap());
 }
 
@@ -938,7 +957,7 @@ async fn grant_racing_a_cancellation_is_given_back(cx: Ctx) {
         .lock(&name, Duration::from_secs(10))
         .await
         .expect("a grant that raced a cancellation was kept without a guard");
-    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(c.core().owner()));
+    assert_eq!(holder_of(&c, &name).await.as_ref(), Some(g2.owner()));
     assert!(g2.release().await.unwrap());
 }
 
@@ -1223,7 +1242,7 @@ async fn new_holder_still_holds(other: &Arc<dyn DistributedLock>, name: &str, g:
         .await
         .unwrap()
         .expect("the late release freed the new holder's lock");
-    assert_eq!(&info.owner, other.core().owner());
+    assert_eq!(&info.owner, g.owner());
 }
 
 /// A holder frozen past its lease (a stop-the-world pause, a suspended VM): the server frees the

@@ -16,6 +16,7 @@
 pub mod cases;
 mod harness;
 mod local;
+mod ownership;
 mod proxy;
 mod runner;
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use distlock_api::{DistributedLock, Error, ErrorKind, MemoryLock, Result};
+use distlock_api::{DistributedLock, Error, ErrorKind, MemoryStore, Result};
 
 /// The URL schemes [`connect`] knows, with the Cargo feature each needs (`None`: always on)
 /// and whether this build has it.
@@ -24,7 +24,7 @@ pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
 ///
 /// | URL | backend | feature |
 /// |---|---|---|
-/// | `memory://` | in-process [`MemoryLock`] | — |
+/// | `memory://`, `memory://NAME` | in-process [`MemoryLock`](distlock_api::MemoryLock), one store per name for the whole process | — |
 /// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
 /// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL / MariaDB | `mysql` |
@@ -61,12 +61,18 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     }
     match scheme.as_str() {
         "memory" => {
-            if !matches!(url, "memory://" | "memory:///") {
+            // `memory://` is one store for the whole process and `memory://NAME` a named one,
+            // so code written against a URL behaves the same pointed at memory in tests.
+            let rest = &url["memory://".len()..];
+            let store = rest.strip_suffix('/').unwrap_or(rest);
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            if store.len() > 64 || !store.chars().all(ok) {
                 return Err(Error::invalid(format!(
-                    "the memory backend takes no host or options: use \"memory://\", not {url:?}"
+                    "the memory backend takes only a store name of [A-Za-z0-9-_.] (up to 64): \
+                     use \"memory://\" or \"memory://NAME\", not {url:?}"
                 )));
             }
-            Ok(Arc::new(MemoryLock::new()))
+            Ok(Arc::new(MemoryStore::named(store).client()))
         }
         _ => backends::connect(&scheme, url).await,
     }
@@ -141,7 +147,14 @@ mod tests {
 
     #[tokio::test]
     async fn bad_urls_are_invalid_argument() {
-        for bad in ["", "redis", "://x", "nope://x", "memory://somewhere"] {
+        for bad in [
+            "",
+            "redis",
+            "://x",
+            "nope://x",
+            "memory://some/where",
+            "memory://a?b=c",
+        ] {
             let e = connect(bad).await.err().expect(bad);
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
         }
@@ -151,6 +164,38 @@ mod tests {
     async fn memory_url_connects() {
         let lock = connect("memory://").await.unwrap();
         assert_eq!(lock.core().backend(), "memory");
+    }
+
+    /// Two connects to one memory URL are two clients of one store, as two connects to one
+    /// server are; another store name is another store.
+    #[tokio::test]
+    async fn memory_connects_share_locks() {
+        use distlock_api::LockExt;
+        let name = format!("shared-{}", std::process::id());
+        let (a, b) = (
+            connect("memory://").await.unwrap(),
+            connect("memory:///").await.unwrap(),
+        );
+        let g = a.try_lock(&name).await.unwrap().expect("free");
+        assert!(
+            b.try_lock(&name).await.unwrap().is_none(),
+            "memory:// connects do not share"
+        );
+        let info = b.holder(&name).await.unwrap().expect("held");
+        assert_eq!(&info.owner, g.owner());
+        let (c, d) = (
+            connect("memory://tests-x").await.unwrap(),
+            connect("memory://tests-x").await.unwrap(),
+        );
+        let gc = c
+            .try_lock(&name)
+            .await
+            .unwrap()
+            .expect("another store: free");
+        assert!(d.try_lock(&name).await.unwrap().is_none());
+        assert!(gc.release().await.unwrap());
+        assert!(g.release().await.unwrap());
+        assert!(b.try_lock(&name).await.unwrap().is_some());
     }
 
     #[tokio::test]

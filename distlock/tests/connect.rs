@@ -59,7 +59,7 @@ async fn every_compiled_in_backend_connects_by_url_and_locks() {
             "{backend}: not exclusive"
         );
         let info = b.holder(&name).await.unwrap().expect("held");
-        assert_eq!(&info.owner, a.core().owner(), "{backend}");
+        assert_eq!(&info.owner, g.owner(), "{backend}");
         assert!(g.release().await.unwrap(), "{backend}: lost before release");
         let g2 = b
             .try_lock(&name)

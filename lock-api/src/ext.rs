@@ -63,7 +63,7 @@ pub trait LockExt {
 // a whole lock cycle, and nobody needs `LockExt` itself as a trait object.
 impl LockExt for Arc<dyn DistributedLock> {
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        try_lock_with(self, name, None)
+        try_lock_with(self, name, None, None)
     }
 
     fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
@@ -75,7 +75,7 @@ impl LockExt for Arc<dyn DistributedLock> {
         name: &str,
         options: &LockOptions,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        try_lock_with(self, name, Some(options))
+        try_lock_with(self, name, Some(options), None)
     }
 
     fn lock_with(
@@ -94,7 +94,7 @@ impl LockExt for Arc<dyn DistributedLock> {
 impl<B: DistributedLock> LockExt for Arc<B> {
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { try_lock_with(&this, name, None).await }
+        async move { try_lock_with(&this, name, None, None).await }
     }
 
     fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
@@ -108,7 +108,7 @@ impl<B: DistributedLock> LockExt for Arc<B> {
         options: &LockOptions,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { try_lock_with(&this, name, Some(options)).await }
+        async move { try_lock_with(&this, name, Some(options), None).await }
     }
 
     fn lock_with(
@@ -137,23 +137,30 @@ static DEFAULT_OPTIONS: LockOptions = LockOptions {
 // stay small: what may wait (a networked backend's call, a queue for a held in-memory lock) is
 // boxed, and only a state of a few words is moved around on the uncontended path.
 
-async fn try_lock_with(
+pub(crate) async fn try_lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
     options: Option<&LockOptions>,
+    reenter: Option<&OwnerId>,
 ) -> Result<Option<LockGuard>> {
     spend_budget().await;
     // The plan is made after the await above and lives in this block only, so this future's
     // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
     let acquire = {
-        let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), None)?;
+        let plan = Plan::new(
+            &**this,
+            name,
+            options.unwrap_or(&DEFAULT_OPTIONS),
+            None,
+            reenter,
+        )?;
         if let Some(mem) = plan.mem {
             let kept = plan.renew.is_some();
-            let grant = mem.grant_now(name, plan.owner, plan.ttl, kept);
+            let grant = mem.grant_now(name, plan.owner, plan.ttl, kept).ok();
             return Ok(grant.map(|(g, at)| LockGuard::local(this.clone(), g, kept, at)));
         }
         Box::pin(async move {
-            let req = plan.request(name);
+            let (req, plan) = plan.request(name);
             let grant = this
                 .try_acquire(&req)
                 .await
@@ -174,16 +181,27 @@ async fn lock_with(
     // The plan is made after the await above and lives in this block only, so this future's
     // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
     let acquire = {
-        let plan = Plan::new(&**this, name, options.unwrap_or(&DEFAULT_OPTIONS), wait)?;
+        let plan = Plan::new(
+            &**this,
+            name,
+            options.unwrap_or(&DEFAULT_OPTIONS),
+            wait,
+            None,
+        )?;
         let wait = wait.unwrap_or(Duration::ZERO);
         if let Some(mem) = plan.mem {
-            let kept = plan.renew.is_some();
-            if let Some((grant, at)) = mem.grant_now(name, plan.owner, plan.ttl, kept) {
-                return Ok(LockGuard::local(this.clone(), grant, kept, at));
-            }
+            let (kept, ttl) = (plan.renew.is_some(), plan.ttl);
+            let owner = match mem.grant_now(name, plan.owner, ttl, kept) {
+                Ok((grant, at)) => return Ok(LockGuard::local(this.clone(), grant, kept, at)),
+                Err(owner) => owner,
+            };
             // Held: queue for it.
             Either::Left(Box::pin(async move {
-                let req = plan.request(name);
+                let req = AcquireRequest {
+                    name: LockName::checked(name),
+                    owner,
+                    ttl,
+                };
                 let grant = mem
                     .acquire_kept(&req, wait, kept)
                     .await
@@ -192,7 +210,7 @@ async fn lock_with(
             }))
         } else {
             Either::Right(Box::pin(async move {
-                let req = plan.request(name);
+                let (req, plan) = plan.request(name);
                 let grant = this
                     .acquire(&req, wait)
                     .await
@@ -212,6 +230,52 @@ async fn spend_budget() {
     tokio::task::coop::consume_budget().await;
 }
 
+/// [`LockGuard::reenter_with`]: one more hold for `held`'s owner, which only an acquire that
+/// names that owner exactly can take (every other acquisition has an owner of its own).
+pub(crate) async fn reenter(
+    this: &Arc<dyn DistributedLock>,
+    held: &LockGuard,
+    options: &LockOptions,
+) -> Result<LockGuard> {
+    let name = held.name();
+    let fail = |kind, msg: &str| {
+        Err(Error::new(kind, msg.to_string())
+            .with_backend(this.core().backend())
+            .with_lock(name))
+    };
+    let reentrant = match this.in_process() {
+        Some(_) => crate::memory::CAPABILITIES.reentrant,
+        None => this.capabilities().reentrant,
+    };
+    if !reentrant {
+        return fail(
+            ErrorKind::Unsupported,
+            "this backend is not reentrant: a holder cannot take its lock twice",
+        );
+    }
+    if options.owner.is_some() {
+        return fail(
+            ErrorKind::InvalidArgument,
+            "re-entry keeps the guard's owner: leave the options' owner unset",
+        );
+    }
+    if let Some(why) = held.lost_reason() {
+        return fail(
+            ErrorKind::Lost,
+            &format!("cannot re-enter a lock this guard no longer holds ({why})"),
+        );
+    }
+    match try_lock_with(this, name.as_str(), Some(options), Some(held.owner())).await? {
+        Some(g) if g.token() == held.token() => Ok(g),
+        Some(g) => {
+            // The hold ended and the owner was granted afresh: not the hold being re-entered.
+            let _ = g.release().await;
+            fail(ErrorKind::Lost, "the hold this guard re-enters has ended")
+        }
+        None => fail(ErrorKind::Lost, "the hold this guard re-enters has ended"),
+    }
+}
+
 async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<LockInfo>> {
     let name = LockName::new(name).map_err(|e| e.with_backend(this.core().backend()))?;
     this.inspect(&name)
@@ -224,7 +288,8 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
 struct Plan<'a> {
     /// The in-memory backend, if this is it.
     mem: Option<&'a MemoryLock>,
-    owner: &'a OwnerId,
+    /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::ClientCore::owner_for)).
+    owner: OwnerId,
     ttl: Duration,
     renew: Option<Duration>,
     leased: bool,
@@ -240,6 +305,7 @@ impl<'a> Plan<'a> {
         name: &str,
         options: &'a LockOptions,
         wait: Option<Duration>,
+        reenter: Option<&OwnerId>,
     ) -> Result<Self> {
         let core = backend.core();
         check_name(name).map_err(|e| e.with_backend(core.backend()))?;
@@ -271,21 +337,38 @@ impl<'a> Plan<'a> {
             )));
         }
         let renew = renew.filter(|_| caps.renewal);
+        let owner = match reenter {
+            Some(owner) => owner.clone(),
+            None => core.owner_for(options.owner.as_ref()).map_err(with_ctx)?,
+        };
         Ok(Self {
             mem,
-            owner: options.owner.as_ref().unwrap_or(core.owner()),
+            owner,
             ttl,
             renew,
             leased: caps.ttl.kind != LeaseKind::None,
         })
     }
 
-    /// The request for `name` (the name this plan checked).
-    fn request(&self, name: &str) -> AcquireRequest {
-        AcquireRequest {
+    /// The request for `name` (the name this plan checked), and what the guard needs after it.
+    fn request(self, name: &str) -> (AcquireRequest, Keeping) {
+        let req = AcquireRequest {
             name: LockName::checked(name),
-            owner: self.owner.clone(),
+            owner: self.owner,
             ttl: self.ttl,
-        }
+        };
+        (
+            req,
+            Keeping {
+                renew: self.renew,
+                leased: self.leased,
+            },
+        )
     }
+}
+
+/// How a networked guard keeps its lease: what [`LockGuard::new`] takes besides the grant.
+struct Keeping {
+    renew: Option<Duration>,
+    leased: bool,
 }

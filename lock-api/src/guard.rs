@@ -16,6 +16,7 @@ use crate::grant::{safe_until, FencingToken, Grant};
 use crate::lock::DistributedLock;
 use crate::memory::{LocalStatus, LocalWatch};
 use crate::name::{LockName, OwnerId};
+use crate::options::LockOptions;
 
 /// Why a guard stopped holding its lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,6 +177,7 @@ impl LockGuard {
         leased: bool,
     ) -> Self {
         let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
+        backend.core().note_runtime();
         let state = Arc::new(GrantState::new(grant, until));
         let entry = backend.core().watchdog().register(
             Arc::downgrade(&backend),
@@ -336,6 +338,44 @@ impl LockGuard {
         }
     }
 
+    /// Takes one more hold of this guard's lock, as the same owner: the new guard has the same
+    /// token and a hold count one higher, and the lock is free only when every guard of the
+    /// hold has been released or dropped, in any order. This is how a holder re-enters: an
+    /// acquire through the client (`try_lock`, `lock`) is a new owner, which this hold excludes
+    /// like any other. The new hold's lease is the client's default watchdog lease; see
+    /// [`reenter_with`](Self::reenter_with).
+    ///
+    /// `Unsupported` on a backend without reentrancy; `Lost` if this guard no longer holds.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use distlock_api::{LockExt, MemoryLock};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = Arc::new(MemoryLock::new());
+    /// let outer = locks.try_lock("ledger").await?.expect("free");
+    /// // The same client asking again is another owner: excluded.
+    /// assert!(locks.try_lock("ledger").await?.is_none());
+    /// // The holder re-enters through its guard.
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!((inner.token(), inner.hold_count()), (outer.token(), 2));
+    /// assert!(outer.release().await?); // one hold left: still held
+    /// assert!(locks.try_lock("ledger").await?.is_none());
+    /// assert!(inner.release().await?); // the last hold: free
+    /// assert!(locks.try_lock("ledger").await?.is_some());
+    /// # Ok::<_, distlock_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn reenter(&self) -> Result<LockGuard> {
+        crate::ext::reenter(&self.backend, self, &LockOptions::new()).await
+    }
+
+    /// Like [`reenter`](Self::reenter), with `options`' lease for the new hold (its wait bound
+    /// is ignored; an owner in it is `InvalidArgument`: the hold's owner is this guard's).
+    pub async fn reenter_with(&self, options: &LockOptions) -> Result<LockGuard> {
+        crate::ext::reenter(&self.backend, self, options).await
+    }
+
     /// Releases one hold of the lock. `Ok(true)` if it was still held (by this grant) until
     /// now, `Ok(false)` if it had already been lost.
     ///
@@ -467,8 +507,11 @@ impl Drop for LockGuard {
         if self.done.get() || self.give_up().is_some() {
             return;
         }
-        // Without a runtime there is nothing to release on; the lease expires by itself.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        // Dropped where no runtime runs (a plain thread), the release goes to the runtime the
+        // client's guards were made on: session-bound locks (ZooKeeper, etcd) would otherwise
+        // stay held for as long as the client lives. Spawning through a handle needs no
+        // runtime on this thread and never blocks.
+        if let Some(handle) = self.backend.core().runtime() {
             let backend = self.backend.clone();
             let grant = self.grant().clone();
             handle.spawn(async move {

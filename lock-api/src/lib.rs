@@ -46,7 +46,7 @@ pub use grant::{
 pub use guard::{LockGuard, LostReason};
 pub use lock::{ClientCore, DistributedLock, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};
-pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN};
+pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_OWNER_TEXT_LEN};
 pub use options::{Lease, LockOptions};
 
 /// Re-exported so backends implement the trait with the same macro version.

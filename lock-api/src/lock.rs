@@ -1,12 +1,13 @@
 //! The trait every backend implements, and the per-client state every backend embeds.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use crate::capability::Capabilities;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{AcquireRequest, Grant, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::wait::{self, Attempt, Backoff};
@@ -27,6 +28,13 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// the `distlock-conformance` suite checks case by case:
 ///
 /// - **Mutual exclusion.** At most one owner holds a name at any instant of the server's clock.
+///   Owners are per acquisition ([`ClientCore::owner_for`]): the conveniences give every
+///   acquisition without an explicit owner an owner id of its own, so two tasks sharing this
+///   handle exclude each other exactly as two clients do. Re-entry is explicit
+///   ([`LockGuard::reenter`](crate::LockGuard::reenter), or an explicit owner, which is
+///   qualified by the handle that uses it): **an owner id re-enters only on the handle that
+///   made it**; another handle asking with the same label is answered like anyone else. The
+///   backend itself needs nothing for this: it compares [`AcquireRequest::owner`] as given.
 /// - **Server-side expiry.** A grant's lease is judged by the server's clock, never by comparing
 ///   client wall clocks. [`Grant::sent_at`] is the monotonic instant the winning request was
 ///   *sent*, so that `sent_at + ttl - drift` is a safe lower bound of the server's expiry.
@@ -125,8 +133,15 @@ pub trait DistributedLock: Send + Sync + 'static {
 pub struct ClientCore {
     backend: &'static str,
     owner: OwnerId,
+    /// This handle's tag, which qualifies the explicit owner ids it is given.
+    handle: u64,
+    /// The number of the last acquisition made with an owner id of its own.
+    acquisitions: AtomicU64,
     default_ttl: Duration,
     watchdog: Watchdog,
+    /// The runtime this client's guards were made on: a guard dropped where no runtime runs
+    /// hands its release to it.
+    runtime: OnceLock<tokio::runtime::Handle>,
 }
 
 impl ClientCore {
@@ -135,8 +150,13 @@ impl ClientCore {
         Self {
             backend,
             owner: OwnerId::random(),
+            // 32 random bits, never 0: short in the stored text, and two handles given one
+            // explicit owner collide with a chance of 2^-32.
+            handle: u64::from(fastrand::u32(..) | 1),
+            acquisitions: AtomicU64::new(0),
             default_ttl: DEFAULT_TTL,
             watchdog: Watchdog::new(),
+            runtime: OnceLock::new(),
         }
     }
 
@@ -158,9 +178,63 @@ impl ClientCore {
         self.backend
     }
 
-    /// The client's owner id.
+    /// The client's owner id: the label of the owner ids of its acquisitions.
     pub fn owner(&self) -> &OwnerId {
         &self.owner
+    }
+
+    /// A fresh owner id for one acquisition: the client's label and a number of its own.
+    pub fn next_owner(&self) -> OwnerId {
+        // Relaxed: only uniqueness matters, which the atomic increment gives by itself.
+        let n = self.acquisitions.fetch_add(1, Ordering::Relaxed) + 1;
+        self.owner.acquisition(n)
+    }
+
+    /// The owner id an acquisition asks as: a fresh one of its own when `explicit` is `None`;
+    /// an explicit label qualified by this handle; an id this handle made (a guard's owner, for
+    /// re-entry) as it is. An id tagged by another handle is `InvalidArgument`: owner ids
+    /// re-enter only on the handle that made them.
+    pub fn owner_for(&self, explicit: Option<&OwnerId>) -> Result<OwnerId> {
+        let Some(id) = explicit else {
+            return Ok(self.next_owner());
+        };
+        if !id.is_tagged() {
+            return Ok(id.on_handle(self.handle));
+        }
+        if self.made(id) {
+            return Ok(id.clone());
+        }
+        Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "owner id {id} was made by another client handle: an owner re-enters only on \
+                 the handle that holds, so pass a plain label (or re-enter through the guard)"
+            ),
+        ))
+    }
+
+    /// Whether `id` is one this handle made: one of its acquisitions' or an explicit label it
+    /// qualified.
+    pub fn made(&self, id: &OwnerId) -> bool {
+        id.is_handle_tag(self.handle)
+            || (id.is_acquisition_tag() && id.label() == self.owner.label())
+    }
+
+    /// Remembers the runtime this client runs on, for guards dropped outside it. Called when
+    /// a guard is made, which is always inside a runtime.
+    pub(crate) fn note_runtime(&self) {
+        if self.runtime.get().is_none() {
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                let _ = self.runtime.set(h);
+            }
+        }
+    }
+
+    /// The runtime to hand a dropped guard's release to: the caller's, else the client's.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.get().cloned())
     }
 
     /// The default lease of watchdog-managed locks.

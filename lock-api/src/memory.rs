@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -125,7 +125,7 @@ pub(crate) enum LocalStatus {
 
 fn grant(
     name: &LockName,
-    owner: &OwnerId,
+    owner: OwnerId,
     token: FencingToken,
     count: u32,
     ttl: Duration,
@@ -133,7 +133,7 @@ fn grant(
 ) -> Grant {
     Grant {
         name: name.clone(),
-        owner: owner.clone(),
+        owner,
         token,
         hold_count: count,
         ttl,
@@ -160,10 +160,11 @@ impl Slot {
         }
     }
 
-    /// `owner`, as the new holder's own: the last holder's copy if it was the same owner.
+    /// `owner`, as the new holder's own: the last holder's copy of the label, retagged, if it
+    /// shares the label (each acquisition of a client has an id of its own, on one label).
     fn take_owner(&mut self, owner: &OwnerId) -> OwnerId {
         match self.last_owner.take() {
-            Some(last) if last == *owner => last,
+            Some(last) if last.shares_label(owner) => last.with_tag_of(owner),
             _ => owner.clone(),
         }
     }
@@ -206,7 +207,7 @@ impl Slot {
             };
             let token = self.fresh_token();
             if w.tx
-                .send(grant(&self.name, &w.owner, token, 1, w.ttl, now))
+                .send(grant(&self.name, w.owner.clone(), token, 1, w.ttl, now))
                 .is_ok()
             {
                 self.holder = Some(Holder {
@@ -226,17 +227,17 @@ impl Slot {
     /// the store keeps.
     fn try_grant(
         &mut self,
-        owner: &OwnerId,
+        owner: OwnerId,
         ttl: Duration,
         kept: bool,
         now: Instant,
-    ) -> Option<Grant> {
+    ) -> std::result::Result<Grant, OwnerId> {
         if self.holder.is_some() || !self.waiters.is_empty() {
             self.dispatch(now);
         }
         if let Some(h) = self.holder.as_mut() {
-            if h.owner != *owner {
-                return None;
+            if h.owner != owner {
+                return Err(owner);
             }
             h.count += 1;
             if kept {
@@ -245,18 +246,18 @@ impl Slot {
             } else {
                 h.expires_at = h.expires_at.max(now + ttl);
             }
-            return Some(grant(&self.name, owner, h.token, h.count, ttl, now));
+            return Ok(grant(&self.name, owner, h.token, h.count, ttl, now));
         }
         let token = self.fresh_token();
         self.holder = Some(Holder {
-            owner: self.take_owner(owner),
+            owner: self.take_owner(&owner),
             count: 1,
             token,
             expires_at: now + ttl,
             kept: u32::from(kept),
             kept_ttl: ttl,
         });
-        Some(grant(&self.name, owner, token, 1, ttl, now))
+        Ok(grant(&self.name, owner, token, 1, ttl, now))
     }
 
     /// The holder, if it is `grant`'s (lease not checked).
@@ -319,6 +320,18 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The process-wide store named `name`, made on first use: what `memory://NAME` connects
+    /// to (`memory://` is the one named `""`). Every client of it, made anywhere in the process,
+    /// sees the same locks, as clients of one server do.
+    pub fn named(name: &str) -> Self {
+        static STORES: OnceLock<Mutex<HashMap<String, MemoryStore>>> = OnceLock::new();
+        let mut stores = STORES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        stores.entry(name.to_string()).or_default().clone()
     }
 
     /// A new client of this store, with its own owner id and watchdog.
@@ -406,13 +419,14 @@ impl MemoryLock {
     /// the name's slot. `name` has passed [`check_name`](crate::name::check_name); a name locked
     /// before (the common case) is found by `&str` and its grant shares the slot's name, so
     /// nothing is allocated.
+    /// `owner` moves into the grant, or comes back when the lock is held by someone else.
     pub(crate) fn grant_now(
         &self,
         name: &str,
-        owner: &OwnerId,
+        owner: OwnerId,
         ttl: Duration,
         kept: bool,
-    ) -> Option<(Grant, usize)> {
+    ) -> std::result::Result<(Grant, usize), OwnerId> {
         let mut s = self.store.lock();
         let now = Instant::now();
         if let Some(&at) = s.index.get(name) {
@@ -487,7 +501,7 @@ impl MemoryLock {
             s.next_waiter += 1;
             let id = s.next_waiter;
             let (_, slot) = s.slot(&req.name);
-            if let Some(g) = slot.try_grant(&req.owner, req.ttl, kept, started) {
+            if let Ok(g) = slot.try_grant(req.owner.clone(), req.ttl, kept, started) {
                 return Ok(g);
             }
             let (tx, rx) = oneshot::channel();
@@ -590,7 +604,8 @@ impl DistributedLock for MemoryLock {
         // conveniences spend it before calling `grant_now`.)
         tokio::task::coop::consume_budget().await;
         Ok(self
-            .grant_now(req.name.as_str(), &req.owner, req.ttl, false)
+            .grant_now(req.name.as_str(), req.owner.clone(), req.ttl, false)
+            .ok()
             .map(|(grant, _)| grant))
     }
 
@@ -615,8 +630,10 @@ impl DistributedLock for MemoryLock {
             .filter(|h| h.live(now));
         match holder {
             Some(h) => {
-                h.expires_at = now + ttl;
-                Ok(ttl)
+                // A renewal never shortens the lease: another hold of the same owner, or the
+                // guard's own safe-until, may rely on the longer one.
+                h.expires_at = h.expires_at.max(now + ttl);
+                Ok(h.expires_at - now)
             }
             None => Err(lost(
                 &grant.name,

@@ -1,5 +1,6 @@
 //! Lock names and owner ids, validated once for every backend.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use crate::error::{Error, ErrorKind};
 
 /// The longest lock name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
-/// The longest owner id, in bytes.
+/// The longest owner id label (what a caller may choose), in bytes.
 pub const MAX_OWNER_LEN: usize = 64;
 
 /// A validated lock name: 1..=255 bytes of UTF-8, no control characters (NUL included), not only
@@ -57,7 +58,7 @@ macro_rules! text_identity {
     )*};
 }
 
-text_identity!(LockName, OwnerId);
+text_identity!(LockName);
 
 /// Checks a lock name without allocating: what [`LockName::new`] checks.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {
@@ -166,51 +167,202 @@ impl TryFrom<&str> for LockName {
     }
 }
 
-/// Who holds a lock. Reentrancy is per owner id: the same owner acquiring a name it holds adds
-/// to its hold count (on reentrant backends).
+/// Who holds a lock: the identity a server stores with a hold, and the unit of reentrancy.
 ///
-/// 1..=64 bytes of ASCII letters, digits, `-`, `_`, `.` and `:`, so every backend can store it
-/// raw (in a Redis hash field, a SQL column, an etcd key, a ZooKeeper node name).
-#[derive(Clone, PartialOrd, Ord)]
-pub struct OwnerId(Arc<str>);
+/// An owner id has a *label* — 1..=64 bytes of ASCII letters, digits, `-`, `_`, `.` and `:` —
+/// and, for the ids distlock makes, a *tag* that tells acquisitions apart:
+///
+/// - every acquisition without an explicit owner gets its own id, the client's label plus
+///   `#` and a per-acquisition number (`3f9a…c2#1a`): two tasks sharing one client handle, or
+///   one task asking twice, are two owners and exclude each other;
+/// - an explicit owner ([`LockOptions::owner`](crate::LockOptions::owner)) is qualified by the
+///   client handle that uses it, `@` and the handle's tag (`job-7@5e01c2d4`): it re-enters on
+///   that handle only, and another handle with the same label is answered like anyone else.
+///
+/// The whole text ([`text`](OwnerId::text), [`Display`](fmt::Display)) is what the server
+/// stores: at most [`MAX_OWNER_TEXT_LEN`] bytes of the characters above plus `#` and `@`, so
+/// every backend stores it raw (a Redis hash field, a SQL column, an etcd key, a ZooKeeper node's
+/// data). The tag is a number beside the shared label, so making an acquisition's id costs no
+/// allocation.
+#[derive(Clone)]
+pub struct OwnerId {
+    label: Arc<str>,
+    /// 0: none; otherwise `kind | value`, `value` below [`TAG_KIND`].
+    tag: u64,
+}
+
+/// The tag bit that marks a handle tag (`@`); without it a tag is an acquisition's (`#`).
+const TAG_KIND: u64 = 1 << 63;
+
+/// The longest text an owner id can have: a label, a separator and a 63-bit hex tag.
+pub const MAX_OWNER_TEXT_LEN: usize = MAX_OWNER_LEN + 1 + 16;
+
+fn label_problem(id: &str) -> Option<Error> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+    if id.is_empty() || id.len() > MAX_OWNER_LEN || !id.chars().all(ok_char) {
+        return Some(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "owner id {:?} must be 1..={MAX_OWNER_LEN} characters of [A-Za-z0-9-_.:]",
+                truncate(id)
+            ),
+        ));
+    }
+    None
+}
 
 impl OwnerId {
-    /// Validates a caller-chosen owner id.
+    /// Validates a caller-chosen owner id (a label: no tag).
     pub fn new(id: impl AsRef<str>) -> Result<Self, Error> {
         let id = id.as_ref();
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
-        if id.is_empty() || id.len() > MAX_OWNER_LEN || !id.chars().all(ok_char) {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "owner id {:?} must be 1..={MAX_OWNER_LEN} characters of [A-Za-z0-9-_.:]",
-                    truncate(id)
-                ),
-            ));
+        match label_problem(id) {
+            Some(e) => Err(e),
+            None => Ok(Self {
+                label: id.into(),
+                tag: 0,
+            }),
         }
-        Ok(Self(id.into()))
+    }
+
+    /// Reads back an owner id as a server stored it ([`text`](OwnerId::text)): a label, or a
+    /// label with its `#` or `@` tag.
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let bad = || {
+            Error::new(
+                ErrorKind::Backend,
+                format!("stored owner id {:?} is malformed", truncate(text)),
+            )
+        };
+        let Some(at) = text.rfind(['#', '@']) else {
+            return Self::new(text);
+        };
+        let (label, rest) = text.split_at(at);
+        let digits = &rest[1..];
+        if digits.is_empty() || digits.len() > 16 || !digits.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err(bad());
+        }
+        let value = u64::from_str_radix(digits, 16).map_err(|_| bad())?;
+        if value == 0 || value >= TAG_KIND {
+            return Err(bad());
+        }
+        let kind = if rest.starts_with('@') { TAG_KIND } else { 0 };
+        let mut id = Self::new(label).map_err(|_| bad())?;
+        id.tag = kind | value;
+        Ok(id)
     }
 
     /// A fresh random owner id (128 random bits, hex).
     pub fn random() -> Self {
-        Self(uuid::Uuid::new_v4().simple().to_string().into())
+        Self {
+            label: uuid::Uuid::new_v4().simple().to_string().into(),
+            tag: 0,
+        }
     }
 
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The id of one acquisition: this id's label tagged with `n` (`label#n`), sharing the
+    /// label's allocation. `n` must be at least 1 and below 2^63.
+    pub(crate) fn acquisition(&self, n: u64) -> Self {
+        debug_assert!(n != 0 && n < TAG_KIND);
+        Self {
+            label: self.label.clone(),
+            tag: n & !TAG_KIND,
+        }
+    }
+
+    /// This id's label qualified by a client handle's tag (`label@tag`).
+    pub(crate) fn on_handle(&self, handle: u64) -> Self {
+        debug_assert!(handle != 0 && handle < TAG_KIND);
+        Self {
+            label: self.label.clone(),
+            tag: TAG_KIND | handle,
+        }
+    }
+
+    /// The label: the caller's chosen id, or the client's.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Whether this id carries a tag (an acquisition's or a handle's).
+    pub fn is_tagged(&self) -> bool {
+        self.tag != 0
+    }
+
+    /// Whether this is a label qualified by the handle tagged `handle`.
+    pub(crate) fn is_handle_tag(&self, handle: u64) -> bool {
+        self.tag == TAG_KIND | handle
+    }
+
+    /// Whether this is one acquisition's id.
+    pub(crate) fn is_acquisition_tag(&self) -> bool {
+        self.tag != 0 && self.tag & TAG_KIND == 0
+    }
+
+    /// Whether both ids share one label allocation (so one can stand in for the other's label).
+    pub(crate) fn shares_label(&self, other: &OwnerId) -> bool {
+        Arc::ptr_eq(&self.label, &other.label)
+    }
+
+    /// This id with `other`'s tag (the caller checked the labels are equal).
+    pub(crate) fn with_tag_of(mut self, other: &OwnerId) -> OwnerId {
+        self.tag = other.tag;
+        self
+    }
+
+    /// The whole id as text, as the server stores it; borrowed when there is no tag.
+    pub fn text(&self) -> Cow<'_, str> {
+        if self.tag == 0 {
+            Cow::Borrowed(&self.label)
+        } else {
+            Cow::Owned(self.to_string())
+        }
+    }
+}
+
+impl PartialEq for OwnerId {
+    fn eq(&self, other: &Self) -> bool {
+        // Texts are equal exactly when labels and tags are: labels hold neither `#` nor `@`.
+        self.tag == other.tag
+            && (Arc::ptr_eq(&self.label, &other.label) || *self.label == *other.label)
+    }
+}
+
+impl Eq for OwnerId {}
+
+impl std::hash::Hash for OwnerId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (*self.label).hash(state);
+        self.tag.hash(state);
+    }
+}
+
+impl PartialOrd for OwnerId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OwnerId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (&*self.label, self.tag).cmp(&(&*other.label, other.tag))
     }
 }
 
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.label)?;
+        match self.tag {
+            0 => Ok(()),
+            t if t & TAG_KIND != 0 => write!(f, "@{:x}", t & !TAG_KIND),
+            t => write!(f, "#{t:x}"),
+        }
     }
 }
 
 impl fmt::Debug for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.to_string(), f)
     }
 }
 
@@ -266,11 +418,46 @@ mod tests {
 
     #[test]
     fn owner_ids() {
-        assert_eq!(OwnerId::random().as_str().len(), 32);
+        assert_eq!(OwnerId::random().text().len(), 32);
         assert_ne!(OwnerId::random(), OwnerId::random());
         assert!(OwnerId::new("worker-1:pid.42_a").is_ok());
         for bad in ["", "a b", "a/b", &"x".repeat(65), "é"] {
             assert!(OwnerId::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    /// Tagged ids read back from their text as they were, and compare equal exactly when their
+    /// texts are.
+    #[test]
+    fn owner_ids_round_trip_through_their_text() {
+        let base = OwnerId::new("worker-1").unwrap();
+        let acq = base.acquisition(0x1a);
+        let on = base.on_handle(0x5e01_c2d4);
+        assert_eq!(acq.to_string(), "worker-1#1a");
+        assert_eq!(on.to_string(), "worker-1@5e01c2d4");
+        assert_eq!(base.text(), "worker-1");
+        for id in [&base, &acq, &on] {
+            let back = OwnerId::parse(&id.text()).unwrap();
+            assert_eq!(&back, id);
+            assert_eq!(back.label(), "worker-1");
+        }
+        assert_ne!(acq, base);
+        assert_ne!(acq, on);
+        assert_ne!(base.acquisition(1), base.acquisition(2));
+        let longest = OwnerId::new("x".repeat(MAX_OWNER_LEN))
+            .unwrap()
+            .acquisition(TAG_KIND - 1);
+        assert_eq!(longest.text().len(), MAX_OWNER_TEXT_LEN);
+        for bad in [
+            "a#",
+            "a#0",
+            "a#xyz",
+            "#1",
+            "a@",
+            "a b#1",
+            "a#10000000000000000",
+        ] {
+            assert!(OwnerId::parse(bad).is_err(), "{bad:?} parsed");
         }
     }
 
@@ -297,7 +484,7 @@ mod tests {
 
         let o = OwnerId::new("worker-1").unwrap();
         let p = OwnerId::new(String::from("worker-") + "1").unwrap();
-        assert!(!Arc::ptr_eq(&o.0, &p.0));
+        assert!(!Arc::ptr_eq(&o.label, &p.label));
         assert_eq!(o, p);
         assert_ne!(o, OwnerId::new("worker-2").unwrap());
         assert_eq!(hasher.hash_one(&o), hasher.hash_one(&p));

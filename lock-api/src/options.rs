@@ -21,14 +21,17 @@ pub enum Lease {
 }
 
 /// Options for one acquire. `LockOptions::default()` is a watchdog-managed lease with the
-/// client's default TTL, the client's owner id, and no waiting.
+/// client's default TTL, an owner id of the acquisition's own, and no waiting.
 #[derive(Clone, Debug, Default)]
 pub struct LockOptions {
     /// How the lease is kept.
     pub lease: Lease,
     /// How long `lock_with` waits; `None` means try once (`lock_with` then times out at once).
     pub wait: Option<Duration>,
-    /// The owner; `None` uses the client's own owner id.
+    /// An explicit owner; `None` (the default) gives the acquisition an owner id of its own,
+    /// so that it excludes every other acquisition, of this client handle too. An explicit
+    /// label is qualified by the client handle (see [`OwnerId`]): acquisitions with one label on
+    /// one handle re-enter each other's hold; on another handle it is another owner.
     pub owner: Option<OwnerId>,
 }
 
@@ -56,7 +59,9 @@ impl LockOptions {
         self
     }
 
-    /// Acquire as `owner` instead of the client's own id.
+    /// Acquire as `owner` on this client handle, re-entering a hold of the same owner (see
+    /// [`owner`](LockOptions#structfield.owner)); a guard's
+    /// [`reenter`](crate::LockGuard::reenter) is the usual way to re-enter.
     pub fn owner(mut self, owner: OwnerId) -> Self {
         self.owner = Some(owner);
         self

@@ -29,7 +29,8 @@ fn a_kept_lease_outlives_many_ttls_with_no_watchdog_and_no_renewal() {
             "free while kept"
         );
         let info = b.holder("kept").await.unwrap().expect("held");
-        assert_eq!(info.owner, *a.core().owner());
+        assert_eq!(info.owner, *g.owner());
+        assert_eq!(info.owner.label(), a.core().owner().label());
         assert_eq!(
             info.remaining,
             Some(ttl),
@@ -107,10 +108,9 @@ fn reentrant_holds_mixing_kept_and_fixed_leases() {
             .await
             .unwrap()
             .expect("free");
-        let fixed = a
-            .try_lock_with("mixed", &LockOptions::new().ttl(Duration::from_millis(50)))
+        let fixed = kept
+            .reenter_with(&LockOptions::new().ttl(Duration::from_millis(50)))
             .await
-            .unwrap()
             .expect("reentrant");
         assert_eq!((fixed.hold_count(), fixed.token()), (2, kept.token()));
         // The kept hold keeps the whole holder alive past the fixed hold's own lease.
@@ -162,7 +162,8 @@ fn a_waiter_granted_from_the_queue_gets_a_kept_lease() {
             "a queued grant's lease was not kept"
         );
         let info = a.holder("queued").await.unwrap().expect("held");
-        assert_eq!(info.owner, *b.core().owner());
+        assert_eq!(info.owner, *g2.owner());
+        assert_eq!(info.owner.label(), b.core().owner().label());
         assert!(g2.release().await.unwrap());
     });
 }
@@ -183,13 +184,14 @@ fn each_new_holder_of_a_name_is_its_own_owner_whoever_held_it_last() {
     runtime().block_on(async {
         let (_store, a, b) = two_clients();
         for (taker, other) in [(&a, &b), (&a, &b), (&b, &a), (&a, &b), (&b, &a)] {
-            let me = taker.core().owner();
             let g = taker.try_lock("turns").await.unwrap().expect("free");
-            assert_eq!(g.owner(), me);
+            assert_eq!(g.owner().label(), taker.core().owner().label());
             let info = other.holder("turns").await.unwrap().expect("held");
-            assert_eq!(info.owner, *me, "the store's holder");
+            assert_eq!(info.owner, *g.owner(), "the store's holder");
             assert!(other.try_lock("turns").await.unwrap().is_none());
-            let again = taker.try_lock("turns").await.unwrap().expect("reentrant");
+            // The taker asking again is another acquisition: excluded; re-entry is explicit.
+            assert!(taker.try_lock("turns").await.unwrap().is_none());
+            let again = g.reenter().await.expect("reentrant");
             assert_eq!(again.hold_count(), 2);
             assert!(again.release().await.unwrap());
             assert!(g.release().await.unwrap(), "released by its own owner");

@@ -69,7 +69,7 @@ impl Target for MongoTarget {
         Ok(Box::new(MongoFloor {
             locks: lock.collection().clone(),
             _lock: lock,
-            owner: OwnerId::random().as_str().to_string(),
+            owner: OwnerId::random().to_string(),
         }))
     }
 

@@ -97,7 +97,8 @@ struct MysqlFloor {
 impl Floor for MysqlFloor {
     async fn cycle(&mut self, name: &str) -> Res<()> {
         self.token += 1;
-        let (name, owner) = (name.as_bytes(), self.owner.as_str().as_bytes());
+        let owner_text = self.owner.text();
+        let (name, owner) = (name.as_bytes(), owner_text.as_bytes());
         let conn = &mut self.conn;
         sqlx::query(AssertSqlSafe(self.insert.clone()))
             .bind(name)

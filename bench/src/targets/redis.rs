@@ -233,7 +233,8 @@ impl Floor for ScriptFloor {
             self.keys.fence(&name),
             self.keys.channel(&name),
         );
-        let owner = self.owner.as_str();
+        let owner_text = self.owner.text();
+        let owner = &*owner_text;
         let s = &*SCRIPTS;
 
         let acquired = try_join_all(self.servers.iter().map(|conn| {

@@ -1,0 +1,279 @@
+//! Ownership: every acquisition is its own owner, so tasks sharing one client handle exclude
+//! each other as separate clients do; re-entry is explicit and stays on the handle that holds;
+//! a guard is released wherever it is dropped.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_api::{DistributedLock, ErrorKind, LockExt, LockOptions, OwnerId};
+
+use crate::runner::Ctx;
+
+const LONG_WAIT: Duration = Duration::from_secs(30);
+
+async fn must_lock(c: &Arc<dyn DistributedLock>, name: &str) -> distlock_api::LockGuard {
+    c.try_lock(name)
+        .await
+        .unwrap_or_else(|e| panic!("try_lock({name:?}) failed: {e}"))
+        .unwrap_or_else(|| panic!("{name:?} should be free"))
+}
+
+/// An owner label unique to this case run.
+fn label(cx: &Ctx, what: &str) -> OwnerId {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    OwnerId::new(format!("{what}-{}-{nanos:x}", std::process::id()))
+        .unwrap_or_else(|e| panic!("{}: {e}", cx.prefix()))
+}
+
+pub(crate) async fn two_tasks_on_one_handle_exclude_each_other(cx: Ctx) {
+    let a = cx.client().await;
+    let name = cx.name("tasks");
+    let first = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move { a.try_lock(&name).await }
+    });
+    let g = first.await.unwrap().unwrap().expect("free");
+    // Another task on the same handle: held, whether it tries or waits.
+    let second = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move {
+            let tried = a.try_lock(&name).await.map(|g| g.is_some());
+            let waited = a.lock(&name, Duration::from_millis(300)).await.map(|_| ());
+            (tried, waited)
+        }
+    });
+    let (tried, waited) = second.await.unwrap();
+    assert!(
+        !tried.unwrap(),
+        "a second task on one handle got a held lock"
+    );
+    let e = waited.expect_err("a second task on one handle waited its way into a held lock");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    // A waiting task on the same handle gets it once the first lets go, as its own owner.
+    let waiter = tokio::spawn({
+        let (a, name) = (a.clone(), name.clone());
+        async move { a.lock(&name, LONG_WAIT).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "the waiter was granted a held lock");
+    let (first_owner, first_token) = (g.owner().clone(), g.token());
+    assert!(g.release().await.unwrap());
+    let g2 = tokio::time::timeout(LONG_WAIT, waiter)
+        .await
+        .expect("the waiting task was not granted after the release")
+        .unwrap()
+        .unwrap();
+    assert_ne!(g2.owner(), &first_owner);
+    assert_eq!(g2.owner().label(), first_owner.label());
+    if a.capabilities().fencing_tokens() {
+        assert!(g2.token() > first_token);
+    }
+    assert_eq!(g2.hold_count(), 1);
+    assert!(g2.release().await.unwrap());
+}
+
+pub(crate) async fn the_same_task_asking_twice_is_excluded(cx: Ctx) {
+    let a = cx.client().await;
+    let name = cx.name("twice");
+    let g = must_lock(&a, &name).await;
+    assert!(a.try_lock(&name).await.unwrap().is_none());
+    let opts = LockOptions::new().watchdog_ttl(cx.harness().short_ttl());
+    assert!(a.try_lock_with(&name, &opts).await.unwrap().is_none());
+    let e = a.lock(&name, Duration::from_millis(200)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    let info = a.holder(&name).await.unwrap().expect("held");
+    assert_eq!((&info.owner, info.hold_count), (g.owner(), 1));
+    assert!(g.release().await.unwrap());
+    assert!(a.holder(&name).await.unwrap().is_none());
+}
+
+pub(crate) async fn reentered_holds_share_the_token_and_free_after_the_last_release(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("reenter");
+    let outer = must_lock(&a, &name).await;
+    let inner = outer.reenter().await.expect("re-enter through the guard");
+    assert_eq!(inner.token(), outer.token());
+    assert_eq!(inner.owner(), outer.owner());
+    assert_eq!((outer.hold_count(), inner.hold_count()), (1, 2));
+    assert_eq!(a.holder(&name).await.unwrap().unwrap().hold_count, 2);
+    // Re-entered or not, the hold excludes everyone else, this handle's other acquisitions too.
+    assert!(a.try_lock(&name).await.unwrap().is_none());
+    assert!(b.try_lock(&name).await.unwrap().is_none());
+    // The outer guard goes first: the inner one still holds.
+    assert!(outer.release().await.unwrap());
+    assert!(!inner.is_lost(), "{:?}", inner.lost_reason());
+    let info = b
+        .holder(&name)
+        .await
+        .unwrap()
+        .expect("still held by the inner hold");
+    assert_eq!((&info.owner, info.hold_count), (inner.owner(), 1));
+    assert!(b.try_lock(&name).await.unwrap().is_none());
+    assert!(inner.release().await.unwrap());
+    assert!(b.holder(&name).await.unwrap().is_none());
+    assert!(must_lock(&b, &name).await.release().await.unwrap());
+}
+
+pub(crate) async fn guards_of_one_hold_release_in_any_order(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("order");
+    let g1 = must_lock(&a, &name).await;
+    let g2 = g1.reenter().await.unwrap();
+    let g3 = g2.reenter().await.unwrap();
+    assert_eq!(g3.hold_count(), 3);
+    // Middle, then first (dropped, not released), then last.
+    assert!(g2.release().await.unwrap());
+    assert_eq!(b.holder(&name).await.unwrap().unwrap().hold_count, 2);
+    drop(g1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let count = b.holder(&name).await.unwrap().expect("held").hold_count;
+        if count == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a dropped guard's hold was never given up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(b.try_lock(&name).await.unwrap().is_none());
+    assert!(!g3.is_lost());
+    assert!(g3.release().await.unwrap());
+    assert!(must_lock(&b, &name).await.release().await.unwrap());
+}
+
+pub(crate) async fn reentering_a_hold_that_ended_fails_cleanly(cx: Ctx) {
+    let ttl = cx.harness().short_ttl();
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("ended");
+    let g = a
+        .try_lock_with(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let taker = b
+        .lock(&name, ttl * 3 + Duration::from_secs(5))
+        .await
+        .expect("the fixed lease ran out");
+    let e = g.reenter().await.expect_err("re-entered a hold that ended");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    // The failed re-entry took nothing from the new holder.
+    let info = a.holder(&name).await.unwrap().expect("held by the taker");
+    assert_eq!((&info.owner, info.hold_count), (taker.owner(), 1));
+    assert!(!taker.is_lost());
+    assert!(!g.release().await.unwrap());
+    assert!(taker.release().await.unwrap());
+}
+
+pub(crate) async fn explicit_owner_reenters_only_on_its_own_handle(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("explicit");
+    let job = label(&cx, "job");
+    let as_job = LockOptions::new().owner(job.clone());
+    let g1 = a
+        .try_lock_with(&name, &as_job)
+        .await
+        .unwrap()
+        .expect("free");
+    let g2 = a
+        .try_lock_with(&name, &as_job)
+        .await
+        .unwrap()
+        .expect("the same owner on the same handle re-enters");
+    assert_eq!((g2.token(), g2.hold_count()), (g1.token(), 2));
+    assert_eq!(g1.owner().label(), job.label());
+    // The same label on another handle is another owner.
+    assert!(b.try_lock_with(&name, &as_job).await.unwrap().is_none());
+    let e = b
+        .lock_with(&name, &as_job.clone().wait(Duration::from_millis(200)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    // An id another handle made cannot be borrowed to slip in.
+    let borrowed = LockOptions::new().owner(g1.owner().clone());
+    let e = b.try_lock_with(&name, &borrowed).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert_eq!(b.holder(&name).await.unwrap().unwrap().hold_count, 2);
+    assert!(g1.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
+    let gb = b
+        .try_lock_with(&name, &as_job)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(gb.owner().label(), job.label());
+    assert_ne!(gb.owner(), &a.core().owner_for(Some(&job)).unwrap());
+    assert!(gb.release().await.unwrap());
+}
+
+/// 8 tasks on one handle and 8 on another increment a read-sleep-write counter under the lock:
+/// the count is exact and no two tasks are ever inside at once.
+pub(crate) async fn tasks_sharing_two_handles_keep_a_counter_exact(cx: Ctx) {
+    const TASKS: usize = 8;
+    const ROUNDS: u64 = 4;
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..2 * TASKS {
+        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (name, counter, inside) = (name.clone(), counter.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = c
+                    .lock(&name, Duration::from_secs(60))
+                    .await
+                    .unwrap_or_else(|e| panic!("task {i}: {e}"));
+                let others = inside.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(
+                    others, 0,
+                    "task {i} entered while {others} others were inside"
+                );
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                assert!(g.release().await.unwrap(), "task {i} lost the lock inside");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 2 * TASKS as u64 * ROUNDS);
+    assert!(a.holder(&name).await.unwrap().is_none());
+}
+
+pub(crate) async fn guard_dropped_on_a_plain_thread_frees_the_lock(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("thread");
+    // A long fixed lease where the backend has one, so that only a release can free the lock
+    // within the bound below; session-bound backends hold until released or the session ends.
+    let opts = if a.capabilities().per_lock_ttl() {
+        LockOptions::new().ttl(Duration::from_secs(120))
+    } else {
+        LockOptions::new()
+    };
+    let g = a.try_lock_with(&name, &opts).await.unwrap().expect("free");
+    let token = g.token();
+    std::thread::spawn(move || drop(g)).join().unwrap();
+    let started = Instant::now();
+    let g2 = b
+        .lock(&name, Duration::from_secs(10))
+        .await
+        .expect("a guard dropped on a plain thread was never released");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "freed only after {:?}",
+        started.elapsed()
+    );
+    if a.capabilities().fencing_tokens() {
+        assert!(g2.token() > token);
+    }
+    assert!(g2.release().await.unwrap());
+}
