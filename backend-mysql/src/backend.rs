@@ -276,6 +276,28 @@ async fn prepare(
                 )
             })?;
     }
+    // Tables made for owner ids without a tag have a narrower owner column: a longer id would be
+    // refused (or, without strict mode, cut short and never match again).
+    let width: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.owner_width.clone()))
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(fail("checking the lock table's owner column"))?;
+    if let Some(Some(width)) = width.filter(|w| w.is_some_and(|w| w < sql::OWNER_COLUMN_WIDTH)) {
+        if !create_tables {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "the lock table's owner column on {endpoint} holds {width} bytes, fewer than \
+                     the {} an owner id can take: run `{}`",
+                    sql::OWNER_COLUMN_WIDTH,
+                    sql.widen_owner
+                ),
+            ));
+        }
+        conn.execute(AssertSqlSafe(sql.widen_owner.clone()))
+            .await
+            .map_err(fail("widening the lock table's owner column"))?;
+    }
     let version: String = sqlx::query_scalar(sql::VERSION)
         .fetch_one(&mut conn)
         .await

@@ -85,6 +85,18 @@ const RENEW: &str = "UPDATE `{locks}` \
 /// current version of each row, so a row renewed a moment earlier is not deleted.
 const SWEEP: &str = "DELETE FROM `{locks}` WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT ?";
 
+/// The width of the lock table's `owner` column, to widen a table made for shorter owner ids.
+/// (`{locks}` is validated to letters, digits, `_` and `$`, so quoting it as a string is safe.)
+const OWNER_WIDTH: &str = "SELECT CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED) \
+     FROM information_schema.COLUMNS \
+     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{locks}' AND COLUMN_NAME = 'owner'";
+
+/// The owner column as `create_locks.sql` makes it: room for every owner id's text.
+const WIDEN_OWNER: &str = "ALTER TABLE `{locks}` MODIFY owner VARBINARY(81) NOT NULL";
+
+/// The owner column's width in bytes: [`distlock_api::MAX_OWNER_TEXT_LEN`].
+pub(crate) const OWNER_COLUMN_WIDTH: i64 = 81;
+
 /// The server's version string, for docs and errors.
 pub(crate) const VERSION: &str = "SELECT VERSION()";
 
@@ -96,6 +108,8 @@ pub(crate) struct Statements {
     pub(crate) create_fencing: Arc<str>,
     pub(crate) check_locks: Arc<str>,
     pub(crate) check_fencing: Arc<str>,
+    pub(crate) owner_width: Arc<str>,
+    pub(crate) widen_owner: Arc<str>,
     pub(crate) read: Arc<str>,
     pub(crate) bump_fencing: Arc<str>,
     pub(crate) insert: Arc<str>,
@@ -122,6 +136,8 @@ impl Statements {
             create_fencing: r(CREATE_FENCING),
             check_locks: r(CHECK_LOCKS),
             check_fencing: r(CHECK_FENCING),
+            owner_width: r(OWNER_WIDTH),
+            widen_owner: r(WIDEN_OWNER),
             read: r(READ),
             bump_fencing: r(BUMP_FENCING),
             insert: r(INSERT),
@@ -142,6 +158,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_owner_column_holds_every_owner_id() {
+        assert_eq!(
+            OWNER_COLUMN_WIDTH as usize,
+            distlock_api::MAX_OWNER_TEXT_LEN
+        );
+        assert!(CREATE_LOCKS.contains("owner      VARBINARY(81)"));
+        assert!(WIDEN_OWNER.contains("VARBINARY(81)"));
+        assert!(Statements::new("l_t", "f_t").owner_width.contains("'l_t'"));
+    }
+
+    #[test]
     fn every_placeholder_is_rendered() {
         let s = Statements::new("l_t", "f_t");
         for sql in [
@@ -149,6 +176,7 @@ mod tests {
             &s.create_fencing,
             &s.check_locks,
             &s.check_fencing,
+            &s.widen_owner,
             &s.read,
             &s.bump_fencing,
             &s.insert,

@@ -6,8 +6,10 @@ CREATE TABLE IF NOT EXISTS `{locks}` (
     -- collation such as utf8mb4_bin would merge). 255 bytes is far below InnoDB's 767-byte
     -- (COMPACT) and 3072-byte (DYNAMIC) index key limits.
     name       VARBINARY(255)  NOT NULL,
-    -- The holder's owner id: 1..=64 bytes of [A-Za-z0-9-_.:], compared byte for byte.
-    owner      VARBINARY(64)   NOT NULL,
+    -- The holder's owner id: a label of 1..=64 bytes of [A-Za-z0-9-_.:] and a tag (# or @ and
+    -- up to 16 hex digits) that tells acquisitions apart, compared byte for byte. Tables made
+    -- with VARBINARY(64) are widened on connect (or the connect says how).
+    owner      VARBINARY(81)   NOT NULL,
     -- How many times the owner holds it (reentrancy); the row is deleted when it reaches zero.
     hold_count INT UNSIGNED    NOT NULL,
     -- The grant's fencing token, taken from the fencing table in the granting transaction.
