@@ -372,6 +372,32 @@ impl DistributedLock for RedLock {
         self.shared.release(grant).await
     }
 
+    /// Master by master: a lost answer may have left holds on any of them, each with its own
+    /// token, so each is found and released on its own.
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
+        let s = &self.shared;
+        let undone = join_all(s.servers.iter().map(|srv| async move {
+            match srv.inspect(name).await? {
+                Some(h) if h.owner == *owner => {
+                    srv.release(name, owner, h.token).await.map(|r| r.is_some())
+                }
+                _ => Ok(false),
+            }
+        }))
+        .await;
+        let failed = undone.iter().filter(|r| r.is_err()).count();
+        if undone.iter().any(|r| matches!(r, Ok(true))) && failed == 0 {
+            return Ok(true);
+        }
+        if failed > 0 {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("{failed} of {} masters did not answer", s.n()),
+            ));
+        }
+        Ok(false)
+    }
+
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         let s = &self.shared;
         let tokens = s.tokens(grant)?;

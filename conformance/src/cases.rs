@@ -41,6 +41,9 @@ fn reentrant(c: &Capabilities, _: bool) -> Gate {
 fn reentrant_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
     reentrant(c, r).and(per_lock_ttl(c, r))
 }
+fn remote_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
+    remote(c, r).and(per_lock_ttl(c, r))
+}
 fn not_reentrant(c: &Capabilities, _: bool) -> Gate {
     (!c.reentrant).then_some(()).ok_or("reentrant")
 }
@@ -123,6 +126,7 @@ cases! {
     explicit_owner_reenters_only_on_its_own_handle: reentrant,
     tasks_sharing_two_handles_keep_a_counter_exact: always,
     guard_dropped_on_a_plain_thread_frees_the_lock: always,
+    an_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1404,6 +1408,47 @@ impl Link {
     fn heal(&self) {
         self.proxies.iter().for_each(Proxy::heal);
     }
+
+    fn mute(&self) {
+        self.proxies.iter().for_each(|p| p.mute(true));
+    }
+}
+
+/// The server applies an acquire whose answer is lost on the way back; the client reports
+/// `Unavailable`. Once the link is back, the hold nobody has a guard for must be given back,
+/// long before its 10-minute lease would end.
+async fn an_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("lost-reply");
+    // A fresh connection first, so the muted request is the acquire itself.
+    assert!(holder_of(&c, &name).await.is_none());
+    link.mute();
+    let long = LockOptions::new().ttl(Duration::from_secs(600));
+    let outcome = tokio::time::timeout(Duration::from_secs(60), c.try_lock_with(&name, &long))
+        .await
+        .expect("an acquire without an answer hung for a minute");
+    let e = outcome.expect_err("granted without an answer from the server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    // Where the server applied it (a script or a single statement does; a transaction whose
+    // commit was never sent does not), the lock is held by an owner no guard knows of.
+    if let Some(ghost) = holder_of(&other, &name).await {
+        assert_eq!(ghost.label(), c.core().owner().label(), "held by {ghost}");
+    }
+    link.heal();
+    let started = Instant::now();
+    let g = other
+        .lock(&name, Duration::from_secs(30))
+        .await
+        .expect("the lost acquire's hold was never given back");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "given back after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
+    assert!(g.release().await.unwrap());
 }
 
 /// The late release of `g`, a guard whose lock was lost while it was `what`: it must answer

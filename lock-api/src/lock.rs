@@ -125,6 +125,33 @@ pub trait DistributedLock: Send + Sync + 'static {
 
     /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+
+    /// Gives back the hold that `owner` — one acquisition's own id — may have of `name` after
+    /// an acquire whose outcome is unknown (the request went out, the answer never came).
+    /// `Ok(true)` if `owner` held it and now does not, `Ok(false)` if `owner` holds nothing.
+    ///
+    /// The conveniences call it in the background until the lease asked for has run out (after
+    /// that, a grant the server applied late has expired by itself), on backends with per-lock
+    /// leases; session-bound backends clean up with their session. The default finds the hold
+    /// with [`inspect`](Self::inspect) and releases it by its token: right wherever a release
+    /// needs no [`Grant::key`]. Backends whose grants carry one override it.
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+        match self.inspect(name).await? {
+            Some(info) if info.owner == *owner => {
+                let grant = Grant {
+                    name: name.clone(),
+                    owner: owner.clone(),
+                    token: info.token,
+                    hold_count: info.hold_count,
+                    ttl,
+                    sent_at: Instant::now(),
+                    key: String::new(),
+                };
+                self.release(&grant).await
+            }
+            _ => Ok(false),
+        }
+    }
 }
 
 /// The state every client handle carries, written once here for every backend: the backend's
