@@ -13,6 +13,7 @@ use futures::future::join_all;
 use crate::ownership::*;
 use crate::proxy::Proxy;
 use crate::runner::{Case, CaseFuture, Ctx};
+use crate::scoped::*;
 
 type Gate = Result<(), &'static str>;
 
@@ -127,6 +128,8 @@ cases! {
     tasks_sharing_two_handles_keep_a_counter_exact: always,
     guard_dropped_on_a_plain_thread_frees_the_lock: always,
     an_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
+    with_lock_runs_the_work_under_the_lock_and_releases: always,
+    with_lock_stops_the_work_when_the_lock_is_lost: renewal,
 }
 
 // ---------------------------------------------------------------------------------------------

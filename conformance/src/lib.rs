@@ -19,6 +19,7 @@ mod local;
 mod ownership;
 mod proxy;
 mod runner;
+mod scoped;
 
 pub use harness::Harness;
 pub use local::{free_ports, send_signal, watch_lost};

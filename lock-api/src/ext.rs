@@ -8,7 +8,7 @@ use futures::future::Either;
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{check_wait, AcquireRequest, LockInfo};
+use crate::grant::{check_wait, AcquireRequest, FencingToken, LockInfo};
 use crate::guard::{context, LockGuard};
 use crate::lock::DistributedLock;
 use crate::memory::MemoryLock;
@@ -56,6 +56,38 @@ pub trait LockExt {
 
     /// Who holds `name`, if anyone.
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send;
+
+    /// Runs `work` while holding `name`: takes the lock with `options` (waiting up to
+    /// `options.wait`), hands `work` the fencing token to pass to the resource, and releases the
+    /// lock when `work` finishes. If the lock is lost first, `work` is dropped at its next await
+    /// point and the result is [`ErrorKind::Lost`] with the reason: work that must not outlive
+    /// the lock does not.
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use distlock_api::{LockExt, LockOptions, MemoryLock};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = Arc::new(MemoryLock::new());
+    /// let opts = LockOptions::new().wait(Duration::from_secs(5));
+    /// let written = locks
+    ///     .with_lock("reports/daily", &opts, |token| async move { format!("written with {token}") })
+    ///     .await?;
+    /// assert!(written.starts_with("written with"));
+    /// assert!(locks.holder("reports/daily").await?.is_none()); // released
+    /// # Ok::<_, distlock_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        F: FnOnce(FencingToken) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send;
 }
 
 // The methods are plain `async` bodies over `&Arc<dyn DistributedLock>` rather than
@@ -88,6 +120,20 @@ impl LockExt for Arc<dyn DistributedLock> {
 
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
         holder(self, name)
+    }
+
+    fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        F: FnOnce(FencingToken) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        with_lock(self, name, options, work)
     }
 }
 
@@ -123,6 +169,21 @@ impl<B: DistributedLock> LockExt for Arc<B> {
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
         async move { holder(&this, name).await }
+    }
+
+    fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        F: FnOnce(FencingToken) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { with_lock(&this, name, options, work).await }
     }
 }
 
@@ -324,6 +385,44 @@ pub(crate) async fn reenter(
             fail(ErrorKind::Lost, "the hold this guard re-enters has ended")
         }
         None => fail(ErrorKind::Lost, "the hold this guard re-enters has ended"),
+    }
+}
+
+async fn with_lock<F, Fut, T>(
+    this: &Arc<dyn DistributedLock>,
+    name: &str,
+    options: &LockOptions,
+    work: F,
+) -> Result<T>
+where
+    F: FnOnce(FencingToken) -> Fut + Send,
+    Fut: Future<Output = T> + Send,
+    T: Send,
+{
+    let guard = lock_with(this, name, Some(options), options.wait).await?;
+    let lost = guard.lost();
+    let outcome = tokio::select! {
+        // The work first: when both are ready, work that finished is not thrown away.
+        biased;
+        done = work(guard.token()) => Ok(done),
+        why = lost => Err(why),
+    };
+    match outcome {
+        Ok(done) => {
+            // A release that fails leaves the lock to its lease; the work is done either way.
+            let _ = guard.release().await;
+            Ok(done)
+        }
+        Err(why) => {
+            let name = guard.name().clone();
+            let _ = guard.release().await;
+            Err(Error::new(
+                ErrorKind::Lost,
+                format!("the lock was lost while the work ran: {why}"),
+            )
+            .with_backend(this.core().backend())
+            .with_lock(name))
+        }
     }
 }
 

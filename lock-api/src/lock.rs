@@ -172,11 +172,12 @@ pub struct ClientCore {
 }
 
 impl ClientCore {
-    /// A core for a client of `backend`, with a fresh random owner id and [`DEFAULT_TTL`].
+    /// A core for a client of `backend`, with a readable owner id of its own
+    /// ([`OwnerId::for_this_process`]) and [`DEFAULT_TTL`].
     pub fn new(backend: &'static str) -> Self {
         Self {
             backend,
-            owner: OwnerId::random(),
+            owner: OwnerId::for_this_process(),
             // 32 random bits, never 0: short in the stored text, and two handles given one
             // explicit owner collide with a chance of 2^-32.
             handle: u64::from(fastrand::u32(..) | 1),

@@ -260,6 +260,31 @@ impl OwnerId {
         }
     }
 
+    /// A readable id for a client of this process: `host:pid:xxxxxxxx` (the host name cut to
+    /// 32 characters of the allowed ones, the process id, 32 random bits in hex), so an
+    /// operator reading `holder(name)` sees which machine and process holds a lock.
+    pub fn for_this_process() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| std::env::var("COMPUTERNAME").ok())
+            .unwrap_or_default();
+        Self::for_host(&host, std::process::id(), fastrand::u32(..))
+    }
+
+    fn for_host(host: &str, pid: u32, unique: u32) -> Self {
+        let ok = |c: &char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        let mut host: String = host.trim().chars().filter(ok).take(32).collect();
+        if host.is_empty() {
+            host.push_str("host");
+        }
+        Self {
+            label: format!("{host}:{pid}:{unique:08x}").into(),
+            tag: 0,
+        }
+    }
+
     /// The id of one acquisition: this id's label tagged with `n` (`label#n`), sharing the
     /// label's allocation. `n` must be at least 1 and below 2^63.
     pub(crate) fn acquisition(&self, n: u64) -> Self {
@@ -419,6 +444,19 @@ mod tests {
     #[test]
     fn owner_ids() {
         assert_eq!(OwnerId::random().text().len(), 32);
+        let me = OwnerId::for_this_process();
+        assert!(OwnerId::new(me.label()).is_ok(), "{me}");
+        assert!(
+            me.label().contains(&format!(":{}:", std::process::id())),
+            "{me}"
+        );
+        assert_eq!(
+            OwnerId::for_host(" web-1.example.org\n", 42, 0xbeef).text(),
+            "web-1.example.org:42:0000beef"
+        );
+        assert_eq!(OwnerId::for_host("", 7, 1).text(), "host:7:00000001");
+        let long = OwnerId::for_host(&"h".repeat(300), u32::MAX, u32::MAX);
+        assert!(long.text().len() <= MAX_OWNER_LEN, "{long}");
         assert_ne!(OwnerId::random(), OwnerId::random());
         assert!(OwnerId::new("worker-1:pid.42_a").is_ok());
         for bad in ["", "a b", "a/b", &"x".repeat(65), "é"] {
