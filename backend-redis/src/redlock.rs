@@ -102,11 +102,51 @@ struct Shared {
 }
 
 /// Grants that finished at a majority while some masters had not answered yet: grant id →
-/// per-master tokens of the late grants that joined it (0: none there).
-#[derive(Default)]
+/// per-master tokens of the late grants that joined it (0: none there). Release takes the
+/// entry out; an entry whose lease ran out unreleased and unrenewed is swept.
 struct LateTable {
     next_id: u64,
-    joined: HashMap<u64, Vec<u64>>,
+    joined: HashMap<u64, Joined>,
+    sweep_at: usize,
+}
+
+struct Joined {
+    tokens: Vec<u64>,
+    /// After this, no master can still hold the grant: its last lease plus the longest a late
+    /// answer can take (the response timeout).
+    until: Instant,
+}
+
+impl Default for LateTable {
+    fn default() -> Self {
+        Self {
+            next_id: 0,
+            joined: HashMap::new(),
+            sweep_at: 64,
+        }
+    }
+}
+
+impl LateTable {
+    fn open(&mut self, n: usize, until: Instant) -> u64 {
+        if self.joined.len() >= self.sweep_at {
+            // Guards are always released, so only a caller of the raw trait that drops grants
+            // leaves entries behind; sweeping at doubling sizes keeps that bounded and cheap.
+            let now = Instant::now();
+            self.joined.retain(|_, j| j.until > now);
+            self.sweep_at = (self.joined.len() * 2).max(64);
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        self.joined.insert(
+            id,
+            Joined {
+                tokens: vec![0; n],
+                until,
+            },
+        );
+        id
+    }
 }
 
 impl fmt::Debug for RedLock {
@@ -449,13 +489,8 @@ impl Shared {
         };
         match outcome {
             Some(token) => {
-                let id = (!pending.is_empty()).then(|| {
-                    let mut late = self.late();
-                    late.next_id += 1;
-                    let id = late.next_id;
-                    late.joined.insert(id, vec![0; n]);
-                    id
-                });
+                let id = (!pending.is_empty())
+                    .then(|| self.late().open(n, sent_at + ttl + self.response_timeout));
                 if let Some(id) = id {
                     self.join_late(pending, name, owner, id, token);
                 }
@@ -550,8 +585,8 @@ impl Shared {
                     let joined = matches!(fenced, Ok(true)) && {
                         let mut late = s.late();
                         match late.joined.get_mut(&id) {
-                            Some(tokens) => {
-                                tokens[i] = t;
+                            Some(j) => {
+                                j.tokens[i] = t;
                                 true
                             }
                             None => false,
@@ -655,7 +690,7 @@ impl Shared {
         // Taken out, so a grant arriving late from now on releases itself instead of joining.
         let joined = id.and_then(|id| self.late().joined.remove(&id));
         if let Some(joined) = &joined {
-            for (t, &j) in tokens.iter_mut().zip(joined) {
+            for (t, &j) in tokens.iter_mut().zip(&joined.tokens) {
                 if *t == 0 {
                     *t = j;
                 }
@@ -696,7 +731,8 @@ impl Shared {
     /// a majority renewed within the renewal's own validity.
     async fn renew(self: &Arc<Self>, grant: &Grant, ttl: Duration) -> Result<Duration> {
         let (mut tokens, id) = self.decode(grant)?;
-        if let Some(joined) = id.and_then(|id| self.late().joined.get(&id).cloned()) {
+        let joined = id.and_then(|id| self.late().joined.get(&id).map(|j| j.tokens.clone()));
+        if let Some(joined) = joined {
             for (t, j) in tokens.iter_mut().zip(joined) {
                 if *t == 0 {
                     *t = j;
@@ -715,6 +751,11 @@ impl Shared {
             })
             .await;
         if tally.yes >= self.quorum && Instant::now() < valid_until {
+            if let Some(id) = id {
+                if let Some(j) = self.late().joined.get_mut(&id) {
+                    j.until = j.until.max(sent_at + ttl + self.response_timeout);
+                }
+            }
             return Ok(ttl);
         }
         if tally.yes + tally.errors.len() < self.quorum {
@@ -846,6 +887,19 @@ mod tests {
         assert_eq!(decode_key("3,0", 3), None);
         assert_eq!(decode_key("", 3), None);
         assert_eq!(decode_key("a,b,c", 3), None);
+    }
+
+    #[test]
+    fn late_table_sweeps_only_entries_past_their_lease() {
+        let mut table = LateTable::default();
+        let past = Instant::now() - Duration::from_secs(1);
+        let future = Instant::now() + Duration::from_secs(60);
+        let live: Vec<u64> = (0..10).map(|_| table.open(3, future)).collect();
+        for _ in 0..200 {
+            table.open(3, past);
+        }
+        assert!(table.joined.len() < 80, "{} entries kept", table.joined.len());
+        assert!(live.iter().all(|id| table.joined.contains_key(id)));
     }
 
     #[test]
