@@ -898,7 +898,11 @@ mod tests {
         for _ in 0..200 {
             table.open(3, past);
         }
-        assert!(table.joined.len() < 80, "{} entries kept", table.joined.len());
+        assert!(
+            table.joined.len() < 80,
+            "{} entries kept",
+            table.joined.len()
+        );
         assert!(live.iter().all(|id| table.joined.contains_key(id)));
     }
 

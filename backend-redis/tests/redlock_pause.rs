@@ -336,7 +336,7 @@ async fn a_master_paused_under_a_held_lock_and_resumed_never_yields_two_holders(
                     .lock_with(
                         "pause-resume",
                         &LockOptions::new()
-                            .watchdog_ttl(Duration::from_secs(1))
+                            .watchdog_ttl(Duration::from_secs(10))
                             .wait(Duration::from_millis(300)),
                     )
                     .await
@@ -371,4 +371,17 @@ async fn a_master_paused_under_a_held_lock_and_resumed_never_yields_two_holders(
         grants >= 10,
         "only {grants} grants after the first holder left"
     );
+    // The resumed master ran the acquires queued while it was paused (the first holder's
+    // 1 s lease there had run out, so they were granted); each came too late for its round and
+    // was given back, well before the contenders' 10 s lease would have ended it.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for i in 0..3 {
+        while masters.has_lock(i, "pause-resume").await {
+            assert!(
+                Instant::now() < deadline,
+                "a late grant is left on master {i}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
