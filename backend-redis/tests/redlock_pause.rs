@@ -56,6 +56,13 @@ impl Masters {
         self.servers[i].signal("CONT");
     }
 
+    /// Whether master `i`'s hash of lock `name` carries a RedLock-derived token.
+    async fn has_fence(&self, i: usize, name: &str) -> bool {
+        let key = self.config().lock_key(&LockName::new(name).unwrap());
+        let mut con = common::raw(&self.servers[i].url()).await.unwrap();
+        con.hexists(&key, "#fence").await.unwrap()
+    }
+
     /// Whether master `i` has any key of lock `name`'s hash.
     async fn has_lock(&self, i: usize, name: &str) -> bool {
         let key = self.config().lock_key(&LockName::new(name).unwrap());
@@ -383,5 +390,65 @@ async fn a_master_paused_under_a_held_lock_and_resumed_never_yields_two_holders(
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_of_a_won_round_joins_it_renews_with_it_and_is_released_with_it() {
+    if skipped() {
+        return;
+    }
+    let masters = Masters::start(3);
+    let lock = masters.client().await;
+    let ttl = Duration::from_secs(10);
+    // A round ends at the second answer, so the third master's grant usually comes late;
+    // retry until one did (the grant's key then names only two masters).
+    let mut found = None;
+    for _ in 0..200 {
+        let guard = lock
+            .try_lock_with("joined", &fixed(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        let tokens: Vec<u64> = guard
+            .grant()
+            .key
+            .split(';')
+            .next()
+            .unwrap()
+            .split(',')
+            .map(|t| t.parse().unwrap())
+            .collect();
+        if let Some(late) = tokens.iter().position(|&t| t == 0) {
+            found = Some((guard, late));
+            break;
+        }
+        assert!(guard.release().await.unwrap());
+    }
+    let (guard, late) = found.expect("no round in 200 ended before its third master answered");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !masters.has_fence(late, "joined").await {
+        assert!(
+            Instant::now() < deadline,
+            "the late grant never got the token written"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The join is recorded right after the token is written, in the same background task.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // With one of the two masters the round counted paused, only the late one makes a
+    // majority: extending (a renewal) works only if the late grant joined the grant.
+    let paused = (0..3).find(|&i| i != late).unwrap();
+    masters.pause(paused);
+    guard
+        .extend(ttl)
+        .await
+        .expect("the late master did not join the grant");
+    assert!(guard.release().await.unwrap());
+    for i in (0..3).filter(|&i| i != paused) {
+        assert!(
+            !masters.has_lock(i, "joined").await,
+            "release missed master {i}"
+        );
     }
 }
