@@ -381,7 +381,6 @@ fn join_errors(errors: &[Error]) -> String {
 /// What a round of conditional writes (release, renew, fence) counted.
 struct Tally {
     yes: usize,
-    no: usize,
     errors: Vec<Error>,
 }
 
@@ -432,7 +431,6 @@ impl Shared {
         let mut answered = vec![false; self.n()];
         let mut tally = Tally {
             yes: 0,
-            no: 0,
             errors: Vec::new(),
         };
         while tally.yes < self.quorum
@@ -445,7 +443,7 @@ impl Shared {
             deadline.answered();
             match r {
                 Ok(true) => tally.yes += 1,
-                Ok(false) => tally.no += 1,
+                Ok(false) => {}
                 Err(e) => tally.errors.push(e),
             }
         }
