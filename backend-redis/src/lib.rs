@@ -14,7 +14,7 @@ pub use config::{
     RedLockConfig, RedisConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX,
     DEFAULT_RESPONSE_TIMEOUT, MIN_REDLOCK_INSTANCES,
 };
-pub use redlock::{RedLock, REDLOCK_CAPABILITIES};
+pub use redlock::{master_deadline, RedLock, MIN_MASTER_DEADLINE, REDLOCK_CAPABILITIES};
 
 pub use distlock_api::{
     Capabilities, ClientCore, DistributedLock, Error, ErrorKind, FencingToken, Lease, LockExt,

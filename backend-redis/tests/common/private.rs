@@ -1,5 +1,6 @@
-//! A private, throw-away redis-server for destructive tests (restarts, a master going down),
-//! on a port of its own in 20000-20999 under a temp dir; killed when dropped.
+//! A private, throw-away redis-server for destructive tests (restarts, a master going down, a
+//! paused master), on a port of its own (a fixed one in 20000-20999, or one the kernel just
+//! handed out) under a temp dir; thawed and killed when dropped, panics included.
 
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -19,6 +20,25 @@ impl PrivateRedis {
             (20000..21000).contains(&port),
             "private ports are 20000-20999"
         );
+        Self::start_on(port)
+    }
+
+    /// Starts redis-server on a port the kernel reports free, retrying with another if a
+    /// different process takes it between the check and the server's bind.
+    pub fn start_free() -> Self {
+        for _ in 0..20 {
+            let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|l| l.local_addr())
+                .expect("bind an ephemeral port")
+                .port();
+            if let Ok(s) = std::panic::catch_unwind(|| Self::start_on(port)) {
+                return s;
+            }
+        }
+        panic!("no free port for a private redis-server after 20 tries");
+    }
+
+    fn start_on(port: u16) -> Self {
         let dir =
             std::env::temp_dir().join(format!("distlock-redis-test-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -82,6 +102,13 @@ impl PrivateRedis {
 
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A stopped process dies of SIGKILL too, but thawing first keeps that from
+            // depending on the platform.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }
