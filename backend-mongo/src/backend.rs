@@ -185,15 +185,16 @@ impl MongoLock {
             .map_err(|e| e.with_lock(name))
     }
 
-    /// Extends the lease of every lock among `names` that `owner` holds live, then reads back
-    /// which those are: the (name, token) pairs now renewed. Two requests for the whole batch.
+    /// Extends the lease of every lock that one of `grants` (name and token, all of `owner`)
+    /// still holds live, then reads back which those are: the (name, token) pairs now renewed.
+    /// Two requests for the whole batch.
     async fn renew_held(
         &self,
-        names: &[&str],
+        grants: &[(&str, i64)],
         owner: &str,
         ttl_ms: i64,
     ) -> Result<HashSet<(String, i64)>> {
-        let filter = commands::held_among(names, owner);
+        let filter = commands::held_as(grants, owner);
         let update = self
             .locks
             .update_many(filter.clone(), commands::renew_pipeline(ttl_ms))
@@ -582,8 +583,15 @@ impl DistributedLock for MongoLock {
                 results[i] = Some(self.renew(&grants[i].0, grants[i].1).await);
                 continue;
             }
-            let names: Vec<&str> = members.iter().map(|&i| grants[i].0.name.as_str()).collect();
-            match self.renew_held(&names, owner, ttl_ms).await {
+            // A token beyond i64 was never issued: such a grant matches nothing, and is lost.
+            let asked: Vec<(&str, i64)> = members
+                .iter()
+                .filter_map(|&i| {
+                    let grant = &grants[i].0;
+                    Some((grant.name.as_str(), i64::try_from(grant.token.0).ok()?))
+                })
+                .collect();
+            match self.renew_held(&asked, owner, ttl_ms).await {
                 Ok(held) => {
                     for &i in &members {
                         let grant = &grants[i].0;

@@ -10,6 +10,7 @@ use distlock_api::{
 };
 use futures::future::join_all;
 
+use crate::lease::*;
 use crate::proxy::Proxy;
 use crate::runner::{Case, CaseFuture, Ctx};
 
@@ -111,6 +112,9 @@ cases! {
     paused_holder_process_learns_it_lost_the_lock_and_cannot_release_it: remote,
     partitioned_holder_is_lost_before_anyone_else_acquires: remote,
     waiter_outlives_a_server_outage_and_leaves_nothing_behind: remote,
+    extend_to_a_shorter_lease_keeps_the_guard_honest: per_lock_ttl,
+    reentrant_holds_with_different_ttls_keep_the_longest_lease: reentrant_per_lock_ttl,
+    late_renewal_of_an_old_grant_leaves_a_newer_grant_of_its_owner_alone: per_lock_ttl,
 }
 
 // ---------------------------------------------------------------------------------------------
