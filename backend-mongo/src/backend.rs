@@ -185,15 +185,15 @@ impl MongoLock {
             .map_err(|e| e.with_lock(name))
     }
 
-    /// Extends the lease of every lock among `names` that `owner` holds live, then reads back
-    /// which those are: the (name, token) pairs now renewed. Two requests for the whole batch.
+    /// Extends the lease of every lock that one of `grants` (name and token, all of `owner`)
+    /// still holds live, then reads back which those are: the (name, token) pairs now renewed.
+    /// Two requests for the whole batch.
     async fn renew_held(
         &self,
-        names: &[&str],
-        owner: &str,
+        grants: &[(&str, &str, i64)],
         ttl_ms: i64,
     ) -> Result<HashSet<(String, i64)>> {
-        let filter = commands::held_among(names, owner);
+        let filter = commands::held_as(grants);
         let update = self
             .locks
             .update_many(filter.clone(), commands::renew_pipeline(ttl_ms))
@@ -566,25 +566,41 @@ impl DistributedLock for MongoLock {
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        // Grants of one owner renewed for one TTL share a request pair; in practice that is
-        // every grant of the client.
-        let mut groups: Vec<((String, i64), Vec<usize>)> = Vec::new();
-        for (i, (grant, ttl)) in grants.iter().enumerate() {
-            let key = (grant.owner.to_string(), ttl_millis(*ttl));
+        // Grants renewed for one TTL share a request pair; in practice that is every grant of
+        // the client (each has an owner id of its own, which the filter checks per grant).
+        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
+        for (i, (_, ttl)) in grants.iter().enumerate() {
+            let key = ttl_millis(*ttl);
             match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, members)) => members.push(i),
                 None => groups.push((key, vec![i])),
             }
         }
         let mut results: Vec<Option<Result<Duration>>> = grants.iter().map(|_| None).collect();
-        for ((owner, ttl_ms), members) in groups {
+        for (ttl_ms, members) in groups {
             if let [i] = members[..] {
                 // One request instead of two.
                 results[i] = Some(self.renew(&grants[i].0, grants[i].1).await);
                 continue;
             }
-            let names: Vec<&str> = members.iter().map(|&i| grants[i].0.name.as_str()).collect();
-            match self.renew_held(&names, &owner, ttl_ms).await {
+            // A token beyond i64 was never issued: such a grant matches nothing, and is lost.
+            let owners: Vec<String> = members
+                .iter()
+                .map(|&i| grants[i].0.owner.to_string())
+                .collect();
+            let asked: Vec<(&str, &str, i64)> = members
+                .iter()
+                .zip(&owners)
+                .filter_map(|(&i, owner)| {
+                    let grant = &grants[i].0;
+                    Some((
+                        grant.name.as_str(),
+                        owner.as_str(),
+                        i64::try_from(grant.token.0).ok()?,
+                    ))
+                })
+                .collect();
+            match self.renew_held(&asked, ttl_ms).await {
                 Ok(held) => {
                     for &i in &members {
                         let grant = &grants[i].0;

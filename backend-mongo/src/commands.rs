@@ -62,11 +62,7 @@ pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
             EXPIRES_AT: { "$cond": [
                 "$_dl_take",
                 until.clone(),
-                { "$cond": [
-                    "$_dl_mine",
-                    { "$cond": [ { "$gt": [until.clone(), "$expires_at"] }, until, "$expires_at" ] },
-                    "$expires_at",
-                ] },
+                { "$cond": [ "$_dl_mine", at_least(until), "$expires_at" ] },
             ] },
         } },
         doc! { "$unset": ["_dl_take", "_dl_mine"] },
@@ -76,6 +72,14 @@ pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
 /// `$$NOW + ttl_ms`, the end of a lease granted now by the server's clock.
 fn lease_end(ttl_ms: i64) -> Document {
     doc! { "$dateAdd": { "startDate": "$$NOW", "unit": "millisecond", "amount": ttl_ms } }
+}
+
+/// The later of the current `expires_at` and `until`: a held lease is only ever lengthened,
+/// because every guard of the grant (an earlier extend, another reentrant hold) was promised
+/// the expiry it has now and keeps trusting it. Written as `$cond`, not `$max`, which the test
+/// server does not apply to dates.
+fn at_least(until: Document) -> Document {
+    doc! { "$cond": [ { "$gt": [until.clone(), "$expires_at"] }, until, "$expires_at" ] }
 }
 
 /// What acquire reads back from its own update: the holder (if it is us, we hold the lock).
@@ -110,14 +114,32 @@ pub(crate) fn held_by(name: &str, owner: &str, token: i64) -> Document {
     }
 }
 
-/// The filter of a batch renewal: which of `names` `owner` holds live. `$in` on `_id` is one
-/// index lookup per name on every server, which an `$or` of per-grant filters is not; each
-/// grant's token is checked afterwards, against what a read with this filter returns.
-pub(crate) fn held_among(names: &[&str], owner: &str) -> Document {
+/// The filter of a batch renewal: the documents that one of `grants` (name, owner and token)
+/// still holds live. Owner and token are part of the filter, not checked afterwards: a late
+/// batch holding an old grant must not lengthen the lease of a newer grant of that name, which
+/// its own guard does not expect; and every acquisition has an owner id of its own, so one
+/// batch carries many owners. `$in` on `_id` is one index lookup per name on every server,
+/// which an `$or` of per-grant filters is not (the test server scans the collection for that);
+/// the exact (name, owner, token) triple is then matched by `$expr`, with the triples as a
+/// `$literal` so that a name starting with `$` is not read as a field path.
+pub(crate) fn held_as(grants: &[(&str, &str, i64)]) -> Document {
+    let names: Vec<&str> = grants.iter().map(|&(name, _, _)| name).collect();
+    let triples: Vec<Bson> = grants
+        .iter()
+        .map(|&(name, owner, token)| {
+            Bson::Array(vec![
+                Bson::from(name),
+                Bson::from(owner),
+                Bson::Int64(token),
+            ])
+        })
+        .collect();
     doc! {
         "_id": { "$in": names },
-        OWNER: owner,
-        "$expr": { "$gt": [ "$expires_at", "$$NOW" ] },
+        "$expr": { "$and": [
+            { "$gt": [ "$expires_at", "$$NOW" ] },
+            { "$in": [ [ "$_id", "$owner", "$token" ], { "$literal": triples } ] },
+        ] },
     }
 }
 
@@ -151,9 +173,9 @@ pub(crate) fn free() -> Document {
     doc! { "$set": { OWNER: Bson::Null, COUNT: 0_i64, EXPIRES_AT: Bson::Null } }
 }
 
-/// Renew: the lease runs `ttl_ms` from the server's now.
+/// Renew: the lease runs at least `ttl_ms` from the server's now, and is never shortened.
 pub(crate) fn renew_pipeline(ttl_ms: i64) -> Vec<Document> {
-    vec![doc! { "$set": { EXPIRES_AT: lease_end(ttl_ms) } }]
+    vec![doc! { "$set": { EXPIRES_AT: at_least(lease_end(ttl_ms)) } }]
 }
 
 #[cfg(test)]

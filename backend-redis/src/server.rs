@@ -228,8 +228,8 @@ impl Server {
         }
     }
 
-    /// Runs the renew script: whether the grant `(owner, token)` still held the lock and got
-    /// its lease set to `ttl`.
+    /// Runs the renew script: whether the grant `(owner, token)` still held the lock; if it
+    /// did, its lease now ends no sooner than `ttl` from now (a longer lease is kept).
     pub(crate) async fn renew(
         &self,
         name: &LockName,

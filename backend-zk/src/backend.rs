@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use distlock_api::{
@@ -638,17 +638,19 @@ impl Drop for Pending {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let (s, dir, prefix, in_doubt) = (
-                    self.session.clone(),
+                    Arc::downgrade(&self.session),
                     std::mem::take(&mut self.dir),
                     std::mem::take(&mut self.prefix),
                     self.in_doubt,
                 );
+                // A waiter's node left behind would later be granted the lock with nobody to
+                // hold it: the cleanup keeps at it until the nodes are gone or the session is.
                 handle.spawn(async move {
-                    for path in &known {
-                        delete_until_gone(&s, path).await;
+                    for path in known {
+                        delete_for_good(s.clone(), path, None).await;
                     }
                     if in_doubt {
-                        sweep(&s, &dir, &prefix).await;
+                        sweep_for_good(s, dir, prefix).await;
                     }
                 });
             }
@@ -675,10 +677,16 @@ enum Deleted {
     Failed(Error),
 }
 
+/// The first pause of a background cleanup after a round of deletes failed; it doubles up to
+/// [`CLEANUP_BACKOFF_CAP`], so a server that refuses (throttling, an ACL) is not hammered.
+const CLEANUP_BACKOFF: Duration = Duration::from_millis(100);
+const CLEANUP_BACKOFF_CAP: Duration = Duration::from_secs(5);
+
 /// Deletes `path`, retrying while answers get lost, until it is gone or the session is over.
 /// A queue node left behind in a live session would block its lock, so this does not give up
 /// early; the session monitor bounds it (a session disconnected for longer than its timeout is
-/// given up on).
+/// given up on). What it does give up on, a refusal or answers lost for too long, callers hand
+/// to [`delete_for_good`].
 async fn delete_until_gone(s: &Session, path: &str) -> Deleted {
     let give_up = Instant::now() + (s.op_timeout * 3).max(Duration::from_secs(10));
     let mut answer_lost = false;
@@ -696,13 +704,97 @@ async fn delete_until_gone(s: &Session, path: &str) -> Deleted {
             }
             Err(e) if in_doubt(&e) => {
                 if Instant::now() >= give_up {
-                    return Deleted::Failed(request_error(e, "cannot delete the queue node", s));
+                    return Deleted::Failed(request_error(e, DELETE_FAILED, s));
                 }
                 answer_lost = true;
                 tokio::time::sleep(session::RETRY_PAUSE).await;
             }
-            Err(e) => return Deleted::Failed(request_error(e, "cannot delete the queue node", s)),
+            Err(e) => return Deleted::Failed(request_error(e, DELETE_FAILED, s)),
         }
+    }
+}
+
+const DELETE_FAILED: &str = "cannot delete the queue node (the delete is retried in the \
+                             background until it takes or the session ends)";
+
+/// Deletes our node at `path` until the delete takes, the node is gone or its session is over,
+/// pausing (with backoff) between rounds of [`delete_until_gone`] that fail: a node of ours
+/// left in a live session holds the lock (or a place in its queue) with no guard and no
+/// `lost()`, for as long as the session lives. `first` hears the first round's outcome.
+///
+/// Between rounds it keeps only a weak reference to the session: once the client handle is
+/// dropped (or the session replaced), nothing else keeps the session, which closes or expires
+/// and takes the node with it; this task must not keep it open.
+async fn delete_for_good(
+    s: Weak<Session>,
+    path: String,
+    mut first: Option<oneshot::Sender<Deleted>>,
+) {
+    let mut backoff = CLEANUP_BACKOFF;
+    loop {
+        let outcome = match s.upgrade() {
+            Some(session) => delete_until_gone(&session, &path).await,
+            None => Deleted::SessionEnded,
+        };
+        match outcome {
+            Deleted::Failed(e) => {
+                tracing::warn!(
+                    path,
+                    error = %e,
+                    retry_in = ?backoff,
+                    "cannot delete a queue node of ours; retrying in the background"
+                );
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(Deleted::Failed(e));
+                }
+            }
+            done => {
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(done);
+                }
+                return;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(CLEANUP_BACKOFF_CAP);
+    }
+}
+
+/// Deletes our node at `path` in a task of its own that keeps at it ([`delete_for_good`]), and
+/// returns the outcome of its first round. Dropping the caller (a release future given up on)
+/// leaves the task running, so the delete cannot be forgotten half-way.
+async fn delete_reported(s: &Arc<Session>, path: &str) -> Deleted {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(delete_for_good(
+        Arc::downgrade(s),
+        path.to_string(),
+        Some(tx),
+    ));
+    rx.await.unwrap_or_else(|_| {
+        Deleted::Failed(
+            Error::new(
+                ErrorKind::Unavailable,
+                "the task deleting the queue node ended without an answer (runtime shutting down)",
+            )
+            .with_backend("zk"),
+        )
+    })
+}
+
+/// [`sweep`] until it leaves none of our nodes with `prefix`, pausing with backoff between
+/// rounds, for as long as the session lives (held weakly, as in [`delete_for_good`]).
+async fn sweep_for_good(s: Weak<Session>, dir: String, prefix: String) {
+    let mut backoff = CLEANUP_BACKOFF;
+    loop {
+        let Some(session) = s.upgrade() else {
+            return;
+        };
+        if sweep(&session, &dir, &prefix).await {
+            return;
+        }
+        drop(session);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(CLEANUP_BACKOFF_CAP);
     }
 }
 
@@ -726,9 +818,7 @@ async fn sweep(s: &Session, dir: &str, prefix: &str) -> bool {
 fn spawn_delete(s: Arc<Session>, path: String) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            handle.spawn(async move {
-                delete_until_gone(&s, &path).await;
-            });
+            handle.spawn(delete_for_good(Arc::downgrade(&s), path, None));
         }
         Err(_) => drop(s.client.delete(&path, None)),
     }
@@ -823,7 +913,9 @@ impl DistributedLock for ZkLock {
                     }
                 }
             }
-            Step::Delete => match delete_until_gone(&s, &grant.key).await {
+            // The hold record is gone already, so nothing else would ever delete the node: a
+            // delete that fails goes on in the background (and the caller hears of the failure).
+            Step::Delete => match delete_reported(&s, &grant.key).await {
                 Deleted::Yes => Ok(true),
                 Deleted::Absent | Deleted::SessionEnded => Ok(false),
                 Deleted::Failed(e) => Err(e.with_lock(&grant.name)),

@@ -10,6 +10,7 @@ use distlock_api::{
 };
 use futures::future::join_all;
 
+use crate::lease::*;
 use crate::ownership::*;
 use crate::proxy::Proxy;
 use crate::runner::{Case, CaseFuture, Ctx};
@@ -130,6 +131,9 @@ cases! {
     an_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
     with_lock_runs_the_work_under_the_lock_and_releases: always,
     with_lock_stops_the_work_when_the_lock_is_lost: renewal,
+    extend_to_a_shorter_lease_keeps_the_guard_honest: per_lock_ttl,
+    reentrant_holds_with_different_ttls_keep_the_longest_lease: reentrant_per_lock_ttl,
+    late_renewal_of_an_old_grant_leaves_a_newer_grant_of_its_owner_alone: per_lock_ttl,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 
 pub mod cases;
 mod harness;
+mod lease;
 mod local;
 mod ownership;
 mod proxy;

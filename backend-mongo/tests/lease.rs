@@ -1,0 +1,156 @@
+//! What renewals do to the stored lease: a renewal acts on its exact grant only (owner *and*
+//! token, batched renewals included), and it never moves `expires_at` earlier.
+//!
+//! Uses the server at `DISTLOCK_MONGO_URL` (default `mongodb://127.0.0.1:27017`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_mongo::mongodb::bson::{doc, DateTime};
+use distlock_mongo::{
+    fields, DistributedLock, ErrorKind, LockExt, LockGuard, LockOptions, MongoConfig, MongoLock,
+    OwnerId,
+};
+
+fn url() -> String {
+    std::env::var("DISTLOCK_MONGO_URL").unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into())
+}
+
+fn unique(tag: &str) -> String {
+    format!(
+        "lease-{tag}-{}-{:08x}",
+        std::process::id(),
+        distlock_conformance::unique_suffix()
+    )
+}
+
+async fn client(owner: &str) -> Arc<MongoLock> {
+    let config = MongoConfig::from_url(&url())
+        .unwrap()
+        .owner(OwnerId::new(owner).unwrap())
+        .connect_timeout(Duration::from_secs(5))
+        .unwrap();
+    match MongoLock::connect(config).await {
+        Ok(c) => Arc::new(c),
+        Err(e) => panic!("{e}\n  start the server: scripts/services up"),
+    }
+}
+
+async fn take(c: &Arc<MongoLock>, name: &str, ttl: Duration) -> LockGuard {
+    c.try_lock_with(name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} should be free"))
+}
+
+/// The stored token and `expires_at` of `name`'s document.
+async fn stored(c: &MongoLock, name: &str) -> (i64, DateTime) {
+    let d = c
+        .collection()
+        .find_one(doc! { "_id": name })
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no document for {name}"));
+    (
+        d.get_i64(fields::TOKEN).unwrap(),
+        *d.get_datetime(fields::EXPIRES_AT)
+            .unwrap_or_else(|e| panic!("{name} has no expiry: {e}")),
+    )
+}
+
+fn assert_lost<T: std::fmt::Debug>(what: &str, r: &distlock_mongo::Result<T>) {
+    assert_eq!(
+        r.as_ref().map_err(|e| e.kind()).err(),
+        Some(ErrorKind::Lost),
+        "{what}: {r:?}"
+    );
+}
+
+/// An owner's grant of a name ends (its fixed lease ran out) and the same owner takes the name
+/// again under a newer token. A renewal of the old grant sent late — alone, or in a batch with
+/// another lock of the owner — must fail as lost and leave the newer grant's stored lease
+/// exactly as it was: a batch filtered on the owner alone would have set it to 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_batch_renewal_of_an_old_grant_leaves_the_same_owners_newer_grant_alone() {
+    let owner = unique("late");
+    let a = client(&owner).await;
+    let (name, other) = (format!("{owner}-x"), format!("{owner}-y"));
+    let old = take(&a, &name, Duration::from_millis(300)).await;
+    let kept = take(&a, &other, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let newer = take(&a, &name, Duration::from_secs(5)).await;
+    assert!(newer.token() > old.token());
+    assert_eq!(newer.owner(), old.owner(), "one owner, two grants");
+    let (token, newer_until) = stored(&a, &name).await;
+    assert_eq!(token as u64, newer.token().0);
+    let (_, kept_until) = stored(&a, &other).await;
+
+    let long = Duration::from_secs(60);
+    assert!(a.renew_batch() > 1, "the backend renews in batches");
+    let results = a
+        .renew_many(&[(old.grant().clone(), long), (kept.grant().clone(), long)])
+        .await;
+    assert_lost("batch renewal of the old grant", &results[0]);
+    assert_eq!(results[1].as_ref().ok(), Some(&long), "{:?}", results[1]);
+    assert_eq!(
+        stored(&a, &name).await,
+        (token, newer_until),
+        "the batch renewal of the old grant rewrote the newer grant's lease"
+    );
+    let (_, kept_after) = stored(&a, &other).await;
+    assert!(
+        kept_after > kept_until,
+        "the kept lock was renewed: {kept_until} -> {kept_after}"
+    );
+
+    assert_lost(
+        "renewal of the old grant",
+        &a.renew(old.grant(), long).await,
+    );
+    assert_eq!(stored(&a, &name).await, (token, newer_until));
+
+    assert!(
+        !old.release().await.unwrap(),
+        "the old grant released a lock"
+    );
+    assert!(newer.release().await.unwrap());
+    assert!(kept.release().await.unwrap());
+}
+
+/// Renewing to less than the lease left, alone or in a batch, confirms the grant and keeps the
+/// stored expiry: `extend(d)` means "at least `d` from now".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_to_a_shorter_lease_keeps_the_stored_expiry() {
+    let owner = unique("short");
+    let a = client(&owner).await;
+    let names = [format!("{owner}-x"), format!("{owner}-y")];
+    let long = Duration::from_secs(60);
+    let short = Duration::from_secs(1);
+    let x = take(&a, &names[0], long).await;
+    let y = take(&a, &names[1], long).await;
+    let before = [stored(&a, &names[0]).await, stored(&a, &names[1]).await];
+
+    assert_eq!(a.renew(x.grant(), short).await.ok(), Some(short));
+    x.extend(short).await.unwrap();
+    let results = a
+        .renew_many(&[(x.grant().clone(), short), (y.grant().clone(), short)])
+        .await;
+    for r in &results {
+        assert_eq!(r.as_ref().ok(), Some(&short), "{r:?}");
+    }
+    let after = [stored(&a, &names[0]).await, stored(&a, &names[1]).await];
+    assert_eq!(
+        after, before,
+        "a renewal to a shorter lease moved the expiry"
+    );
+    let left = a
+        .holder(&names[0])
+        .await
+        .unwrap()
+        .and_then(|i| i.remaining)
+        .expect("held, with a lease");
+    assert!(left > Duration::from_secs(50), "{left:?} left");
+
+    assert!(x.release().await.unwrap());
+    assert!(y.release().await.unwrap());
+}
