@@ -75,10 +75,25 @@ async fn late_batch_renewal_of_an_old_grant_leaves_the_same_owners_newer_grant_a
     let owner = unique("late");
     let a = client(&owner).await;
     let (name, other) = (format!("{owner}-x"), format!("{owner}-y"));
-    let old = take(&a, &name, Duration::from_millis(300)).await;
-    let kept = take(&a, &other, Duration::from_secs(30)).await;
+    // One explicit owner for every grant: acquisitions without one have owners of their own.
+    let me = OwnerId::new("late-owner").unwrap();
+    let as_me = |ttl| LockOptions::new().owner(me.clone()).ttl(ttl);
+    let old = a
+        .try_lock_with(&name, &as_me(Duration::from_millis(300)))
+        .await
+        .unwrap()
+        .expect("free");
+    let kept = a
+        .try_lock_with(&other, &as_me(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let newer = take(&a, &name, Duration::from_secs(5)).await;
+    let newer = a
+        .try_lock_with(&name, &as_me(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .expect("free after the old lease ran out");
     assert!(newer.token() > old.token());
     assert_eq!(newer.owner(), old.owner(), "one owner, two grants");
     let (token, newer_until) = stored(&a, &name).await;
