@@ -186,7 +186,9 @@ impl TryFrom<&str> for LockName {
 /// allocation.
 #[derive(Clone)]
 pub struct OwnerId {
-    label: Arc<str>,
+    /// One pointer wide (an `Arc<str>` is two), so the id is two words: it rides in every
+    /// grant and guard, which the in-memory lock cycle moves several times.
+    label: Arc<String>,
     /// 0: none; otherwise `kind | value`, `value` below [`TAG_KIND`].
     tag: u64,
 }
@@ -218,7 +220,7 @@ impl OwnerId {
         match label_problem(id) {
             Some(e) => Err(e),
             None => Ok(Self {
-                label: id.into(),
+                label: Arc::new(id.to_owned()),
                 tag: 0,
             }),
         }
@@ -255,7 +257,7 @@ impl OwnerId {
     /// A fresh random owner id (128 random bits, hex).
     pub fn random() -> Self {
         Self {
-            label: uuid::Uuid::new_v4().simple().to_string().into(),
+            label: Arc::new(uuid::Uuid::new_v4().simple().to_string()),
             tag: 0,
         }
     }
@@ -280,7 +282,7 @@ impl OwnerId {
             host.push_str("host");
         }
         Self {
-            label: format!("{host}:{pid}:{unique:08x}").into(),
+            label: Arc::new(format!("{host}:{pid}:{unique:08x}")),
             tag: 0,
         }
     }
@@ -338,7 +340,7 @@ impl OwnerId {
     /// The whole id as text, as the server stores it; borrowed when there is no tag.
     pub fn text(&self) -> Cow<'_, str> {
         if self.tag == 0 {
-            Cow::Borrowed(&self.label)
+            Cow::Borrowed(self.label.as_str())
         } else {
             Cow::Owned(self.to_string())
         }
@@ -357,7 +359,7 @@ impl Eq for OwnerId {}
 
 impl std::hash::Hash for OwnerId {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (*self.label).hash(state);
+        self.label.as_str().hash(state);
         self.tag.hash(state);
     }
 }
@@ -370,7 +372,7 @@ impl PartialOrd for OwnerId {
 
 impl Ord for OwnerId {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (&*self.label, self.tag).cmp(&(&*other.label, other.tag))
+        (self.label.as_str(), self.tag).cmp(&(other.label.as_str(), other.tag))
     }
 }
 
@@ -462,6 +464,15 @@ mod tests {
         for bad in ["", "a b", "a/b", &"x".repeat(65), "é"] {
             assert!(OwnerId::new(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// An owner id is two words, as it was before it had a tag: it is moved with every grant.
+    #[test]
+    fn an_owner_id_is_two_words() {
+        assert_eq!(
+            std::mem::size_of::<OwnerId>(),
+            2 * std::mem::size_of::<usize>()
+        );
     }
 
     /// Tagged ids read back from their text as they were, and compare equal exactly when their
