@@ -307,9 +307,12 @@ impl LockGuard {
         }
     }
 
-    /// Extends the lease to `ttl` from now, for a fixed lease (watchdog-managed leases are
-    /// renewed for you). Fails with `Lost` if the lock is no longer held, and the guard then
-    /// reports lost.
+    /// Extends the lease so that it lasts **at least** `ttl` from now, for a fixed lease
+    /// (watchdog-managed leases are renewed for you). A lease never gets shorter: asking for less
+    /// than is left keeps what is left, on the server and in [`safe_until`](Self::safe_until)
+    /// alike, so the guard never believes it holds longer than the server does, and other holds
+    /// of a re-entered lock keep the lease they were given. Fails with `Lost` if the lock is no
+    /// longer held, and the guard then reports lost.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         crate::grant::check_ttl(ttl).map_err(|e| e.with_lock(self.name()))?;
         let sent = Instant::now();

@@ -97,8 +97,10 @@ pub trait DistributedLock: Send + Sync + 'static {
         None
     }
 
-    /// Extends `grant`'s lease to `ttl` from now, if it still holds the lock, and returns the
-    /// lease the server granted. A grant that no longer holds the lock is
+    /// Extends `grant`'s lease to at least `ttl` from now, if it still holds the lock, and
+    /// returns the lease the server granted. It never shortens the server's lease: the server
+    /// keeps the later of its current expiry and now + `ttl`, and the conditions (owner, token,
+    /// key) are checked atomically with the change. A grant that no longer holds the lock is
     /// [`ErrorKind::Lost`](crate::ErrorKind::Lost). Session-bound backends confirm the grant and
     /// return the session's lease.
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration>;
