@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::wait::{self, Attempt, Backoff};
 use distlock_api::{
-    async_trait, lost, safe_until, AcquireRequest, Blocking, Capabilities, ClientCore,
+    async_trait, drift, lost, safe_until, AcquireRequest, Blocking, Capabilities, ClientCore,
     DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName,
     OwnerId, Result, TtlSupport,
 };
@@ -382,6 +382,8 @@ fn join_errors(errors: &[Error]) -> String {
 struct Tally {
     yes: usize,
     errors: Vec<Error>,
+    /// The masters that answered with an error before the decision.
+    failed: Vec<usize>,
 }
 
 impl Shared {
@@ -419,12 +421,30 @@ impl Shared {
     async fn majority_round<F, Fut>(
         self: &Arc<Self>,
         targets: &[usize],
-        mut deadline: Deadline,
+        deadline: Deadline,
         op: F,
     ) -> Tally
     where
         F: Fn(Arc<Self>, usize) -> Fut,
         Fut: Future<Output = Result<bool>> + Send + 'static,
+    {
+        self.majority_round_then(targets, deadline, op, |_, _| None)
+            .await
+    }
+
+    /// [`majority_round`](Self::majority_round), handing each outcome that lands after the
+    /// decision to `late`, whose future (if any) finishes in the background.
+    async fn majority_round_then<F, Fut, L>(
+        self: &Arc<Self>,
+        targets: &[usize],
+        mut deadline: Deadline,
+        op: F,
+        late: L,
+    ) -> Tally
+    where
+        F: Fn(Arc<Self>, usize) -> Fut,
+        Fut: Future<Output = Result<bool>> + Send + 'static,
+        L: FnMut(usize, Result<bool>) -> Option<BoxFuture<'static, ()>> + Send + 'static,
     {
         let started = Instant::now();
         let mut pending = self.launch(targets, op);
@@ -432,6 +452,7 @@ impl Shared {
         let mut tally = Tally {
             yes: 0,
             errors: Vec::new(),
+            failed: Vec::new(),
         };
         while tally.yes < self.quorum
             && tally.yes + tally.errors.len() + pending.len() >= self.quorum
@@ -444,7 +465,10 @@ impl Shared {
             match r {
                 Ok(true) => tally.yes += 1,
                 Ok(false) => {}
-                Err(e) => tally.errors.push(e),
+                Err(e) => {
+                    tally.errors.push(e);
+                    tally.failed.push(i);
+                }
             }
         }
         let waited = started.elapsed();
@@ -454,7 +478,7 @@ impl Shared {
             }
         }
         // A conditional write that lands late changes nothing the decision relied on.
-        finish_late(pending, |_, _| None);
+        finish_late(pending, late);
         tally
     }
 
@@ -524,7 +548,7 @@ impl Shared {
                 let id = (!pending.is_empty())
                     .then(|| self.late().open(n, sent_at + ttl + self.response_timeout));
                 if let Some(id) = id {
-                    self.join_late(pending, name, owner, id, token);
+                    self.settle_late(pending, name, owner, ttl, Some((id, token)));
                 }
                 // Releases needed before fewer than a majority hold it: the quorum-th largest
                 // count.
@@ -541,10 +565,10 @@ impl Shared {
                 }))
             }
             None => {
-                self.give_back_late(pending, name, owner);
+                self.settle_late(pending, name, owner, ttl, None);
                 if !granted.is_empty() {
                     let got: Vec<(usize, u64)> = granted.iter().map(|g| (g.0, g.1)).collect();
-                    self.give_back(name, owner, &got, per_master).await;
+                    self.give_back(name, owner, &got, ttl, per_master).await;
                 }
                 self.contended(errors, held_pttls, ttl)
             }
@@ -594,17 +618,20 @@ impl Shared {
         (Instant::now() < valid_until).then_some(token)
     }
 
-    /// Hands the acquires still in flight after a successful round to the background: each late
-    /// grant gets the grant's token written and joins grant `id`, or is released if the grant
-    /// is gone by then.
-    fn join_late(
+    /// Hands the acquires of a round still in flight to the background. With `join` (the
+    /// round's grant id and token), each late grant gets the token written and joins the grant,
+    /// or is released if the grant is gone by then; without, every late grant is released. A
+    /// release is sent until it is answered or the lease (`ttl`) has run out, so a late grant
+    /// never outlives its round's decision by a whole lease.
+    fn settle_late(
         self: &Arc<Self>,
         pending: Pending<Acquired>,
         name: &LockName,
         owner: &OwnerId,
-        id: u64,
-        token: u64,
+        ttl: Duration,
+        join: Option<(u64, u64)>,
     ) {
+        let until = Instant::now() + ttl + drift(ttl);
         let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
         finish_late(pending, move |i, r| {
             let Ok(Acquired::Granted { token: t, .. }) = r else {
@@ -613,71 +640,56 @@ impl Shared {
             let (s, name, owner) = (s.clone(), name.clone(), owner.clone());
             Some(
                 async move {
-                    let fenced = s.servers[i].fence(&name, &owner, t, token).await;
-                    let joined = matches!(fenced, Ok(true)) && {
-                        let mut late = s.late();
-                        match late.joined.get_mut(&id) {
-                            Some(j) => {
-                                j.tokens[i] = t;
-                                true
-                            }
-                            None => false,
+                    if let Some((id, token)) = join {
+                        if s.join_until(i, &name, &owner, t, (id, token), until).await {
+                            return;
                         }
-                    };
-                    if !joined {
-                        let _ = s.servers[i].release(&name, &owner, t).await;
                     }
+                    s.release_until(i, &name, &owner, t, until).await;
                 }
                 .boxed(),
             )
         });
     }
 
-    /// Hands the acquires still in flight after a failed round to the background, which
-    /// releases every late grant.
-    fn give_back_late(
-        self: &Arc<Self>,
-        pending: Pending<Acquired>,
-        name: &LockName,
-        owner: &OwnerId,
-    ) {
-        let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
-        finish_late(pending, move |i, r| {
-            let Ok(Acquired::Granted { token: t, .. }) = r else {
-                return None;
-            };
-            let (s, name, owner) = (s.clone(), name.clone(), owner.clone());
-            Some(
-                async move {
-                    let _ = s.servers[i].release(&name, &owner, t).await;
-                }
-                .boxed(),
-            )
-        });
-    }
-
-    /// Releases the holds a failed round got, waiting up to `within` for every one of those
-    /// masters (they answered a moment ago), so a refusal leaves nothing behind on them.
+    /// Releases the holds (master, token) a failed round got, waiting up to `within` for every
+    /// one of those masters (they answered a moment ago), so a refusal leaves nothing behind on
+    /// them; a release that fails or is late is sent again in the background until it is
+    /// answered or the lease (`ttl`) has run out.
     async fn give_back(
         self: &Arc<Self>,
         name: &LockName,
         owner: &OwnerId,
         got: &[(usize, u64)],
+        ttl: Duration,
         within: Duration,
     ) {
+        let until = Instant::now() + ttl + drift(ttl);
         let targets: Vec<usize> = got.iter().map(|g| g.0).collect();
         let mut tokens = vec![0; self.n()];
         for &(i, t) in got {
             tokens[i] = t;
         }
+        let retry = {
+            let (s, name, owner, tokens) =
+                (self.clone(), name.clone(), owner.clone(), tokens.clone());
+            move |i: usize| -> BoxFuture<'static, ()> {
+                let (s, name, owner, t) = (s.clone(), name.clone(), owner.clone(), tokens[i]);
+                async move { s.release_until(i, &name, &owner, t, until).await }.boxed()
+            }
+        };
         let (name, owner) = (name.clone(), owner.clone());
         let mut pending = self.launch(&targets, move |s, i| {
             let (name, owner, t) = (name.clone(), owner.clone(), tokens[i]);
             async move { s.servers[i].release(&name, &owner, t).await }
         });
         let deadline = Instant::now() + within;
-        while next_before(&mut pending, deadline).await.is_some() {}
-        finish_late(pending, |_, _| None);
+        while let Some((i, r)) = next_before(&mut pending, deadline).await {
+            if r.is_err() {
+                tokio::spawn(retry(i));
+            }
+        }
+        finish_late(pending, move |i, r| r.is_err().then(|| retry(i)));
     }
 
     /// The outcome of a failed attempt: `Held` while a majority answered, else the errors.
@@ -717,6 +729,64 @@ impl Shared {
 
     /// Releases one hold on every master that holds the grant (late joiners included).
     /// `Ok(true)` as soon as a majority still held it; `Ok(false)` once a majority cannot.
+    /// Joins master `i`'s late grant (token `t`) to grant `id` by writing the grant's `token`
+    /// there, sending the write until it is answered or `until`: a write whose answer was lost
+    /// may have been applied, and a hold the grant does not count would outlive its release.
+    /// `false` if the grant is gone, the write was refused, or no answer came in time.
+    async fn join_until(
+        &self,
+        i: usize,
+        name: &LockName,
+        owner: &OwnerId,
+        t: u64,
+        (id, token): (u64, u64),
+        until: Instant,
+    ) -> bool {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            if !self.late().joined.contains_key(&id) {
+                return false;
+            }
+            match self.servers[i].fence(name, owner, t, token).await {
+                Ok(true) => {
+                    return match self.late().joined.get_mut(&id) {
+                        Some(j) => {
+                            j.tokens[i] = t;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                Ok(false) => return false,
+                Err(_) => {}
+            }
+            let pause = backoff.next_delay();
+            if Instant::now() + pause >= until {
+                return false;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Sends master `i`'s release of `owner`'s hold (token `t`) until it answers or `until`.
+    async fn release_until(
+        &self,
+        i: usize,
+        name: &LockName,
+        owner: &OwnerId,
+        t: u64,
+        until: Instant,
+    ) {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        while self.servers[i].release(name, owner, t).await.is_err() {
+            let pause = backoff.next_delay();
+            if Instant::now() + pause >= until {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
     async fn release(self: &Arc<Self>, grant: &Grant) -> Result<bool> {
         let (mut tokens, id) = self.decode(grant)?;
         // Taken out, so a grant arriving late from now on releases itself instead of joining.
@@ -735,15 +805,36 @@ impl Shared {
             Instant::now() + self.response_timeout,
         );
         let (name, owner) = (grant.name.clone(), grant.owner.clone());
+        // A master whose release failed keeps the hold for its whole lease, and counts as held
+        // when a later round needs a majority without it: its release is sent again until it
+        // answers or the lease has run out, whatever the round decided.
+        let until = Instant::now() + grant.ttl + drift(grant.ttl);
+        let retry = {
+            let (s, name, owner, tokens) =
+                (self.clone(), name.clone(), owner.clone(), tokens.clone());
+            move |i: usize| {
+                let (s, name, owner, t) = (s.clone(), name.clone(), owner.clone(), tokens[i]);
+                async move { s.release_until(i, &name, &owner, t, until).await }.boxed()
+            }
+        };
+        let late_retry = retry.clone();
         let tally = self
-            .majority_round(&targets, deadline, {
-                let tokens = tokens.clone();
-                move |s, i| {
-                    let (name, owner, t) = (name.clone(), owner.clone(), tokens[i]);
-                    async move { Ok(s.servers[i].release(&name, &owner, t).await?.is_some()) }
-                }
-            })
+            .majority_round_then(
+                &targets,
+                deadline,
+                {
+                    let tokens = tokens.clone();
+                    move |s, i| {
+                        let (name, owner, t) = (name.clone(), owner.clone(), tokens[i]);
+                        async move { Ok(s.servers[i].release(&name, &owner, t).await?.is_some()) }
+                    }
+                },
+                move |i, r| r.is_err().then(|| late_retry(i)),
+            )
             .await;
+        for &i in &tally.failed {
+            tokio::spawn(retry(i));
+        }
         if tally.yes >= self.quorum || tally.yes + tally.errors.len() < self.quorum {
             return Ok(tally.yes >= self.quorum);
         }
@@ -854,12 +945,14 @@ impl DistributedLock for RedLock {
     }
 
     /// Master by master: a lost answer may have left holds on any of them, each with its own
-    /// token, so each is found and released on its own.
+    /// token, so each is found and released on its own — where the master counts more holds of
+    /// `owner` than this handle accounts for (read after the master's count).
     async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
         let s = &self.shared;
+        let core = &self.core;
         let undone = join_all(s.servers.iter().map(|srv| async move {
             match srv.inspect(name).await? {
-                Some(h) if h.owner == *owner => {
+                Some(h) if h.owner == *owner && h.count > core.holds_accounted(name, owner) => {
                     srv.release(name, owner, h.token).await.map(|r| r.is_some())
                 }
                 _ => Ok(false),

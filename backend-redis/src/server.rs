@@ -1,7 +1,7 @@
 //! One Redis server: its connection, the scripts, and what their answers mean.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
@@ -67,7 +67,11 @@ pub(crate) struct Holder {
 
 /// A connection to one server, with the key layout of locks in it.
 pub(crate) struct Server {
-    conn: ConnectionManager,
+    /// The command connection. Replaced after a request times out: a connection that did not
+    /// answer in time may be half-open (a peer gone without a reset), and the driver reconnects
+    /// only once it sees the connection drop, which may be never.
+    conn: RwLock<ConnectionManager>,
+    manager: ConnectionManagerConfig,
     pub(crate) keys: KeySpace,
     pub(crate) endpoint: Endpoint,
     pub(crate) backend: &'static str,
@@ -95,7 +99,8 @@ impl Server {
         )
         .map_err(|e| driver_error(backend, endpoint, "configure", e))?;
         Ok(Self {
-            conn,
+            conn: RwLock::new(conn),
+            manager: Self::manager_config(options),
             keys: options.keys(),
             endpoint: endpoint.clone(),
             backend,
@@ -146,7 +151,8 @@ impl Server {
             }
         };
         let server = Self {
-            conn,
+            conn: RwLock::new(conn),
+            manager: Self::manager_config(options),
             keys: options.keys(),
             endpoint: endpoint.clone(),
             backend,
@@ -162,7 +168,7 @@ impl Server {
         for lua in [&s.acquire, &s.release, &s.renew, &s.inspect, &s.fence] {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         pipe.query_async::<()>(&mut conn)
             .await
             .map_err(|e| self.error("load scripts", e))
@@ -172,11 +178,32 @@ impl Server {
         driver_error(self.backend, &self.endpoint, what, e)
     }
 
+    fn conn(&self) -> ConnectionManager {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     async fn run(&self, what: &str, inv: redis::ScriptInvocation<'_>) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        inv.invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.error(what, e))
+        let mut conn = self.conn();
+        inv.invoke_async(&mut conn).await.map_err(|e| {
+            if e.is_timeout() {
+                self.replace_connection();
+            }
+            self.error(what, e)
+        })
+    }
+
+    /// Puts a fresh connection, made on first use, in place of the current one. Requests in
+    /// flight on the old one finish (or time out) on it.
+    fn replace_connection(&self) {
+        if let Ok(fresh) = ConnectionManager::new_lazy_with_config(
+            self.endpoint.client.clone(),
+            self.manager.clone(),
+        ) {
+            *self.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        }
     }
 
     /// Runs the acquire script.

@@ -46,6 +46,9 @@ fn reentrant_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
 fn remote_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
     remote(c, r).and(per_lock_ttl(c, r))
 }
+fn remote_reentrant_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
+    remote_per_lock_ttl(c, r).and(reentrant(c, r))
+}
 fn not_reentrant(c: &Capabilities, _: bool) -> Gate {
     (!c.reentrant).then_some(()).ok_or("reentrant")
 }
@@ -129,6 +132,10 @@ cases! {
     tasks_sharing_two_handles_keep_a_counter_exact: always,
     guard_dropped_on_a_plain_thread_frees_the_lock: always,
     an_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
+    an_explicit_owners_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
+    a_lost_reentry_is_given_back_and_the_live_hold_kept: remote_reentrant_per_lock_ttl,
+    a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone: remote_per_lock_ttl,
+    a_release_the_server_never_got_is_sent_again: remote_per_lock_ttl,
     with_lock_runs_the_work_under_the_lock_and_releases: always,
     with_lock_stops_the_work_when_the_lock_is_lost: renewal,
     extend_to_a_shorter_lease_keeps_the_guard_honest: per_lock_ttl,
@@ -1379,7 +1386,7 @@ async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: Ctx) {
 /// A proxy in front of every server of a backend: the network between one set of clients and
 /// the servers.
 struct Link {
-    proxies: Vec<Proxy>,
+    proxies: Arc<Vec<Proxy>>,
     addrs: Vec<String>,
 }
 
@@ -1397,6 +1404,10 @@ impl Link {
             proxies.push(Proxy::start(upstream).await);
         }
         let addrs = proxies.iter().map(Proxy::addr).collect();
+        // Work the case leaves to the background (a release sent again, a hold given back)
+        // goes through the proxies: they stay until the leftovers are checked.
+        let proxies = Arc::new(proxies);
+        cx.keep_until_checked(proxies.clone());
         Link { proxies, addrs }
     }
 
@@ -1456,6 +1467,140 @@ async fn an_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
     );
     assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
+}
+
+/// Like [`an_acquire_whose_reply_is_lost_is_given_back`], with an explicit owner: its hold is
+/// given back too (this handle has no guard of that owner, so every hold of it is surplus).
+async fn an_explicit_owners_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("lost-explicit");
+    assert!(holder_of(&c, &name).await.is_none());
+    link.mute();
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(600))
+        .owner(OwnerId::new("batch-job").unwrap());
+    let e = within_a_minute(c.try_lock_with(&name, &long))
+        .await
+        .expect_err("granted without an answer from the server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    link.heal();
+    let g = other
+        .lock(&name, Duration::from_secs(30))
+        .await
+        .expect("the explicit owner's lost acquire was never given back");
+    assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
+    assert!(g.release().await.unwrap());
+}
+
+/// An explicit owner holds; its second acquire (a re-entry) is applied but the answer is lost.
+/// The give-back takes that one hold away and leaves the guard's: the lock stays held by the
+/// guard, with one hold, and is free as soon as the guard releases it.
+async fn a_lost_reentry_is_given_back_and_the_live_hold_kept(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("lost-reentry");
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(600))
+        .owner(OwnerId::new("ledger").unwrap());
+    let held = c.try_lock_with(&name, &long).await.unwrap().expect("free");
+    link.mute();
+    let e = within_a_minute(c.try_lock_with(&name, &long))
+        .await
+        .expect_err("re-entered without an answer from the server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    link.heal();
+    // The surplus hold goes; the guard's stays.
+    let started = Instant::now();
+    let holds = loop {
+        let info = other
+            .holder(&name)
+            .await
+            .unwrap()
+            .expect("the guard's hold ended");
+        assert_eq!(&info.owner, held.owner(), "held by another owner");
+        if info.hold_count == 1 || started.elapsed() > Duration::from_secs(30) {
+            break info.hold_count;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(holds, 1, "the lost re-entry's hold was never given back");
+    assert!(!held.is_lost());
+    assert!(other.try_lock(&name).await.unwrap().is_none());
+    assert!(held.release().await.unwrap());
+    let g = other
+        .try_lock(&name)
+        .await
+        .unwrap()
+        .expect("free once the guard released its one hold");
+    assert!(g.release().await.unwrap());
+}
+
+/// An explicit owner holds; its second acquire never reaches the server (the link is cut). The
+/// give-back that follows must find nothing to give back: the one hold on the server is the
+/// guard's, which this handle accounts for, and taking it would free a lock a guard relies on.
+async fn a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("lost-kept");
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(600))
+        .owner(OwnerId::new("ledger").unwrap());
+    let held = c.try_lock_with(&name, &long).await.unwrap().expect("free");
+    link.cut();
+    let e = within_a_minute(c.try_lock_with(&name, &long))
+        .await
+        .expect_err("acquired without an answer from the server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    link.heal();
+    // The give-back looks at 50, 100, 200, 400, 800 ms: by 2 s it has looked several times
+    // with the server answering.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let info = other
+        .holder(&name)
+        .await
+        .unwrap()
+        .expect("the guard's hold was taken");
+    assert_eq!((&info.owner, info.token), (held.owner(), held.token()));
+    assert_eq!(info.hold_count, 1);
+    assert!(other.try_lock(&name).await.unwrap().is_none());
+    assert!(held.release().await.unwrap(), "the guard no longer held");
+}
+
+/// A release cut off on its way to the server is `Unavailable` to the caller, and is sent again
+/// once the server can be reached: the lock is free long before its 10-minute lease ends.
+async fn a_release_the_server_never_got_is_sent_again(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("lost-release");
+    let long = LockOptions::new().ttl(Duration::from_secs(600));
+    let g = c.try_lock_with(&name, &long).await.unwrap().expect("free");
+    link.cut();
+    let e = within_a_minute(g.release())
+        .await
+        .expect_err("released without an answer from the server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        other.try_lock(&name).await.unwrap().is_none(),
+        "freed while cut off"
+    );
+    link.heal();
+    let next = other
+        .lock(&name, Duration::from_secs(30))
+        .await
+        .expect("the release was never sent again");
+    assert!(next.release().await.unwrap());
+}
+
+/// Awaits `f`, failing the case if it takes a minute: a request without an answer must end.
+async fn within_a_minute<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .expect("a request without an answer hung for a minute")
 }
 
 /// The late release of `g`, a guard whose lock was lost while it was `what`: it must answer

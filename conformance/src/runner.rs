@@ -36,12 +36,23 @@ pub struct Case {
 pub struct Ctx {
     harness: Arc<dyn Harness>,
     prefix: String,
+    /// What the case asked to keep until its leftovers are checked.
+    kept: Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send>>>>,
 }
 
 impl Ctx {
     /// The harness.
     pub fn harness(&self) -> &dyn Harness {
         &*self.harness
+    }
+
+    /// Keeps `thing` alive until the case's leftovers have been checked: a proxy that work the
+    /// case leaves to the background (a release sent again, a hold given back) still needs.
+    pub fn keep_until_checked(&self, thing: impl std::any::Any + Send) {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Box::new(thing));
     }
 
     /// A lock name unique to this case and run.
@@ -198,17 +209,21 @@ fn run_case(h: Arc<dyn Harness>, case: &'static Case) -> Result<(), Failed> {
         .build()
         .map_err(|e| format!("cannot build a Tokio runtime: {e}"))?;
     let prefix = format!("dlc-{}-{:08x}-", short(case.name), unique_suffix());
+    let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
     let ctx = Ctx {
         harness: h.clone(),
         prefix: prefix.clone(),
+        kept: kept.clone(),
     };
     let result = rt.block_on(async move {
         let body = AssertUnwindSafe((case.run)(ctx)).catch_unwind();
-        match tokio::time::timeout(CASE_TIMEOUT, body).await {
+        let outcome = match tokio::time::timeout(CASE_TIMEOUT, body).await {
             Err(_) => Err(format!("case did not finish within {CASE_TIMEOUT:?}")),
             Ok(Err(panic)) => Err(panic_message(panic)),
             Ok(Ok(())) => check_leftovers(&*h, &prefix).await,
-        }
+        };
+        drop(kept);
+        outcome
     });
     rt.shutdown_timeout(Duration::from_secs(2));
     result.map_err(Failed::from)

@@ -14,6 +14,7 @@ use crate::lock::DistributedLock;
 use crate::memory::MemoryLock;
 use crate::name::{check_name, LockName, OwnerId};
 use crate::options::{Lease, LockOptions};
+use crate::settle::{self, InFlight};
 
 /// What users call: validate, acquire, wrap in a [`LockGuard`] watched by the client's
 /// watchdog. Implemented for `Arc<dyn DistributedLock>` and `Arc<B>` for every backend `B`.
@@ -222,11 +223,23 @@ pub(crate) async fn try_lock_with(
         }
         Box::pin(async move {
             let (req, plan) = plan.request(name);
-            let grant = this
-                .try_acquire(&req)
-                .await
-                .map_err(|e| unknown_outcome(this, &req, e))?;
-            Ok(grant.map(|g| LockGuard::new(this.clone(), g, plan.renew, plan.leased)))
+            let in_flight = InFlight::new(&**this, &req);
+            match this.try_acquire(&req).await {
+                Ok(Some(g)) => {
+                    in_flight.landed();
+                    Ok(Some(LockGuard::new(
+                        this.clone(),
+                        g,
+                        plan.renew,
+                        plan.leased,
+                    )))
+                }
+                Ok(None) => Ok(None),
+                Err(e) => {
+                    in_flight.failed();
+                    Err(acquire_failed(this, &req, e))
+                }
+            }
         })
     };
     acquire.await
@@ -272,11 +285,17 @@ async fn lock_with(
         } else {
             Either::Right(Box::pin(async move {
                 let (req, plan) = plan.request(name);
-                let grant = this
-                    .acquire(&req, wait)
-                    .await
-                    .map_err(|e| unknown_outcome(this, &req, e))?;
-                Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+                let in_flight = InFlight::new(&**this, &req);
+                match this.acquire(&req, wait).await {
+                    Ok(grant) => {
+                        in_flight.landed();
+                        Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+                    }
+                    Err(e) => {
+                        in_flight.failed();
+                        Err(acquire_failed(this, &req, e))
+                    }
+                }
             }))
         }
     };
@@ -284,54 +303,13 @@ async fn lock_with(
 }
 
 /// Adds context to an acquire's error, and when the error leaves the outcome unknown (the
-/// server may have applied the request whose answer never came: `Unavailable`), has the
-/// acquisition's hold given back in the background. Only an acquisition's own owner id is
-/// given back: it names exactly this request's hold and no other. An explicit owner's may be a
-/// re-entry into a hold its other guards rely on, so it is left to its lease.
-fn unknown_outcome(this: &Arc<dyn DistributedLock>, req: &AcquireRequest, e: Error) -> Error {
+/// server may have applied the request whose answer never came), has the hold it may have added
+/// given back in the background ([`settle`](crate::settle)). The acquire no longer counts as in
+/// flight by now, so the give-back takes exactly the surplus it may have left.
+fn acquire_failed(this: &Arc<dyn DistributedLock>, req: &AcquireRequest, e: Error) -> Error {
     let e = context(e, &**this, &req.name);
-    if e.kind() == ErrorKind::Unavailable
-        && req.owner.is_acquisition_tag()
-        && this.capabilities().ttl.kind == LeaseKind::PerLock
-    {
-        tokio::spawn(give_back(
-            Arc::downgrade(this),
-            req.name.clone(),
-            req.owner.clone(),
-            req.ttl,
-        ));
-    }
+    settle::acquire_failed(this, req, e.kind());
     e
-}
-
-/// Gives back `owner`'s hold of `name`, if the server applied the acquire late or answers again,
-/// until `ttl` has passed: a grant applied after that has expired by itself.
-async fn give_back(
-    backend: std::sync::Weak<dyn DistributedLock>,
-    name: LockName,
-    owner: OwnerId,
-    ttl: Duration,
-) {
-    let until = tokio::time::Instant::now() + ttl + crate::grant::drift(ttl);
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let Some(lock) = backend.upgrade() else {
-            return;
-        };
-        match lock.give_back(&name, &owner, ttl).await {
-            Ok(true) => return,
-            Err(e) if !e.is_temporary() => return,
-            // Not held by this owner (yet), or the server is still out of reach: look again.
-            Ok(false) | Err(_) => {}
-        }
-        drop(lock);
-        let now = tokio::time::Instant::now();
-        if now >= until {
-            return;
-        }
-        tokio::time::sleep_until((now + pause).min(until)).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
-    }
 }
 
 /// Spends one unit of the task's cooperative budget, yielding if it is used up. An in-process

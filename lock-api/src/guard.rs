@@ -382,6 +382,12 @@ impl LockGuard {
     /// Releases one hold of the lock. `Ok(true)` if it was still held (by this grant) until
     /// now, `Ok(false)` if it had already been lost.
     ///
+    /// A release the server does not answer ([`ErrorKind::Unavailable`]) may or may not have
+    /// been applied. On backends with per-lock leases it is sent again in the background until
+    /// the server answers or the lease has run out, so the lock never stays held for a whole
+    /// lease by a guard that is gone; session-bound backends do the same until their session
+    /// ends.
+    ///
     /// An in-memory guard is released when this is called; otherwise when the future is first
     /// polled (dropped unpolled, the guard is dropped, and releases as a dropped guard does).
     pub fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
@@ -393,8 +399,7 @@ impl LockGuard {
             self.done = Flag::YES;
             self.give_up();
             let grant = self.grant();
-            self.backend
-                .release(grant)
+            crate::settle::release(&self.backend, grant)
                 .await
                 .map_err(|e| context(e, &*self.backend, &grant.name))
         }))
@@ -514,12 +519,20 @@ impl Drop for LockGuard {
         // client's guards were made on: session-bound locks (ZooKeeper, etcd) would otherwise
         // stay held for as long as the client lives. Spawning through a handle needs no
         // runtime on this thread and never blocks.
-        if let Some(handle) = self.backend.core().runtime() {
-            let backend = self.backend.clone();
-            let grant = self.grant().clone();
-            handle.spawn(async move {
-                let _ = backend.release(&grant).await;
-            });
+        let grant = self.grant().clone();
+        match self.backend.core().runtime() {
+            Some(handle) => {
+                let backend = self.backend.clone();
+                handle.spawn(async move {
+                    let _ = crate::settle::release(&backend, &grant).await;
+                });
+            }
+            // Nothing can send the release: the lease ends the hold.
+            None => self
+                .backend
+                .core()
+                .holds()
+                .remove(&grant.name, &grant.owner),
         }
     }
 }

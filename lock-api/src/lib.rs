@@ -33,6 +33,7 @@ mod lock;
 pub mod memory;
 mod name;
 mod options;
+mod settle;
 pub mod wait;
 mod watchdog;
 

@@ -10,6 +10,7 @@ use crate::capability::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{AcquireRequest, Grant, LockInfo};
 use crate::name::{LockName, OwnerId};
+use crate::settle::Holds;
 use crate::wait::{self, Attempt, Backoff};
 use crate::watchdog::Watchdog;
 use crate::{LostReason, MemoryLock};
@@ -128,18 +129,23 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
 
-    /// Gives back the hold that `owner` — one acquisition's own id — may have of `name` after
-    /// an acquire whose outcome is unknown (the request went out, the answer never came).
-    /// `Ok(true)` if `owner` held it and now does not, `Ok(false)` if `owner` holds nothing.
+    /// Gives back the hold that an acquire of `name` by `owner` may have added when its outcome
+    /// is unknown (the request went out, the answer never came): one hold, if `owner` has more
+    /// holds than this handle's guards and acquires in flight account for
+    /// ([`ClientCore::holds_accounted`], read *after* the server's count). `Ok(true)` if one was
+    /// given back, `Ok(false)` if there is no surplus (yet).
     ///
     /// The conveniences call it in the background until the lease asked for has run out (after
     /// that, a grant the server applied late has expired by itself), on backends with per-lock
     /// leases; session-bound backends clean up with their session. The default finds the hold
-    /// with [`inspect`](Self::inspect) and releases it by its token: right wherever a release
+    /// with [`inspect`](Self::inspect) and releases one by its token: right wherever a release
     /// needs no [`Grant::key`]. Backends whose grants carry one override it.
     async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
         match self.inspect(name).await? {
-            Some(info) if info.owner == *owner => {
+            Some(info)
+                if info.owner == *owner
+                    && info.hold_count > self.core().holds_accounted(name, owner) =>
+            {
                 let grant = Grant {
                     name: name.clone(),
                     owner: owner.clone(),
@@ -169,6 +175,8 @@ pub struct ClientCore {
     /// The runtime this client's guards were made on: a guard dropped where no runtime runs
     /// hands its release to it.
     runtime: OnceLock<tokio::runtime::Handle>,
+    /// The holds this handle's guards and acquires in flight account for.
+    holds: Holds,
 }
 
 impl ClientCore {
@@ -184,6 +192,7 @@ impl ClientCore {
             default_ttl: DEFAULT_TTL,
             watchdog: Watchdog::new(),
             runtime: OnceLock::new(),
+            holds: Holds::default(),
         }
     }
 
@@ -260,6 +269,17 @@ impl ClientCore {
         tokio::runtime::Handle::try_current()
             .ok()
             .or_else(|| self.runtime.get().cloned())
+    }
+
+    /// How many holds of `name` by `owner` this handle accounts for: its live guards (of
+    /// networked backends) and its acquires in flight. A [`give_back`](DistributedLock::give_back)
+    /// leaves that many: it takes away only the surplus that lost requests left.
+    pub fn holds_accounted(&self, name: &LockName, owner: &OwnerId) -> u32 {
+        self.holds.of(name, owner)
+    }
+
+    pub(crate) fn holds(&self) -> &Holds {
+        &self.holds
     }
 
     /// The default lease of watchdog-managed locks.

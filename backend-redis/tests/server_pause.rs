@@ -1,0 +1,118 @@
+//! Answers lost to a *paused server* (SIGSTOP mid-request), not to a proxy: the request sits in
+//! the paused server's socket buffer, the client gives up after its response timeout, and the
+//! server applies the request when it resumes, with nobody left to hear the answer. Every test
+//! runs its own redis-server on a free port; dropping it (on panic too) thaws and kills it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::private::PrivateRedis;
+use distlock_redis::{ErrorKind, LockExt, LockOptions, OwnerId, RedisConfig, RedisLock};
+
+fn skipped() -> bool {
+    let skip = distlock_conformance::skipped_by_env("redis");
+    if skip {
+        eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
+    }
+    skip
+}
+
+async fn client(server: &PrivateRedis) -> Arc<RedisLock> {
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .response_timeout(Duration::from_millis(300));
+    Arc::new(RedisLock::connect(config).await.unwrap())
+}
+
+/// The acquire goes out to a paused server and times out; the server applies it on resuming.
+/// The hold nobody has a guard for is given back: another client gets the lock long before
+/// the 10-minute lease would end. `owner` is the acquire's explicit owner, if any.
+async fn late_acquire_is_given_back(owner: Option<&str>) {
+    let server = PrivateRedis::start_free();
+    let (a, b) = (client(&server).await, client(&server).await);
+    let name = "paused-mid-acquire";
+    // Warm connections, so the paused request is the acquire itself.
+    assert!(a.holder(name).await.unwrap().is_none());
+    let mut long = LockOptions::new().ttl(Duration::from_secs(600));
+    if let Some(owner) = owner {
+        long = long.owner(OwnerId::new(owner).unwrap());
+    }
+    server.signal("STOP");
+    let e = a
+        .try_lock_with(name, &long)
+        .await
+        .expect_err("granted by a paused server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    server.signal("CONT");
+    let g = b
+        .lock(name, Duration::from_secs(30))
+        .await
+        .expect("the acquire the server applied late was never given back");
+    let holder = b.holder(name).await.unwrap().expect("held");
+    assert_eq!(&holder.owner, g.owner());
+    assert!(g.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn an_acquire_a_paused_server_applies_late_is_given_back() {
+    if skipped() {
+        return;
+    }
+    late_acquire_is_given_back(None).await;
+}
+
+#[tokio::test]
+async fn an_explicit_owners_acquire_a_paused_server_applies_late_is_given_back() {
+    if skipped() {
+        return;
+    }
+    late_acquire_is_given_back(Some("nightly-report")).await;
+}
+
+/// A re-entry sent to a paused server and applied late adds a hold that no guard has: it is
+/// given back, and the guard's own hold stays, so the lock is free right after the guard's
+/// release rather than 10 minutes later.
+#[tokio::test]
+async fn a_reentry_a_paused_server_applies_late_leaves_only_the_guards_hold() {
+    if skipped() {
+        return;
+    }
+    let server = PrivateRedis::start_free();
+    let (a, b) = (client(&server).await, client(&server).await);
+    let name = "paused-mid-reentry";
+    let long = LockOptions::new().ttl(Duration::from_secs(600));
+    let outer = a.try_lock_with(name, &long).await.unwrap().expect("free");
+    server.signal("STOP");
+    let e = outer
+        .reenter_with(&long)
+        .await
+        .expect_err("re-entered on a paused server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    server.signal("CONT");
+    let mut holds = 0;
+    for _ in 0..600 {
+        let info = b
+            .holder(name)
+            .await
+            .unwrap()
+            .expect("the guard's hold ended");
+        assert_eq!(&info.owner, outer.owner());
+        holds = info.hold_count;
+        if holds == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(holds, 1, "the late re-entry's hold was never given back");
+    assert!(
+        b.try_lock(name).await.unwrap().is_none(),
+        "the guard's hold went too"
+    );
+    assert!(outer.release().await.unwrap());
+    assert!(
+        b.try_lock(name).await.unwrap().is_some(),
+        "still held after the guard's release"
+    );
+}

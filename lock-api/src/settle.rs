@@ -1,0 +1,215 @@
+//! What the core does when a server's answer is lost, written once for every backend with
+//! per-lock leases: an acquire whose outcome is unknown is given back, and a release the server
+//! did not answer is sent again, in the background, until the server answers or the lease asked
+//! for has run out (after that, whatever the server applied late has expired by itself).
+//!
+//! A give-back must take away only the hold the lost request may have added, never one a live
+//! guard relies on. An acquisition's own owner id names exactly one acquisition, but a re-entry
+//! (through [`LockGuard::reenter`](crate::LockGuard::reenter), or an explicit owner acquiring
+//! twice) adds a hold to a hold that guards of this handle already have. So the core counts, per
+//! name and owner, the holds this handle accounts for ([`Holds`]): its live guards and its
+//! acquires in flight. A give-back releases one hold only while the server reports more holds
+//! than that: the surplus is what lost requests left behind.
+//!
+//! The count is read *after* the server's: an acquire is counted before its request is sent,
+//! and a release is uncounted only after the server answered it, so a hold the server reports
+//! is always counted by the time the count is read, and the give-back errs on the side of
+//! waiting. (One window is left: a re-entry of the same name and explicit owner on this handle
+//! that the server applies between a give-back's look and its release makes the release take
+//! that re-entry's hold instead of the lost one; the count of holds is then one short, and the
+//! lock frees at the second-to-last release of that owner's guards.)
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::capability::LeaseKind;
+use crate::error::{ErrorKind, Result};
+use crate::grant::{drift, AcquireRequest, Grant};
+use crate::lock::DistributedLock;
+use crate::name::{LockName, OwnerId};
+
+/// The holds of each name and owner that one client handle accounts for: its live guards and
+/// its acquires in flight (see the [module docs](self)).
+#[derive(Default)]
+pub(crate) struct Holds {
+    counts: Mutex<HashMap<(LockName, OwnerId), u32>>,
+}
+
+impl Holds {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerId), u32>> {
+        // Every update is one insert or remove, so a poisoned map is still consistent.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts one more hold of `name` by `owner`.
+    pub(crate) fn add(&self, name: &LockName, owner: &OwnerId) {
+        *self
+            .counts()
+            .entry((name.clone(), owner.clone()))
+            .or_default() += 1;
+    }
+
+    /// Counts one hold fewer.
+    pub(crate) fn remove(&self, name: &LockName, owner: &OwnerId) {
+        let mut counts = self.counts();
+        let key = (name.clone(), owner.clone());
+        if let Some(n) = counts.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&key);
+            }
+        }
+    }
+
+    /// How many holds of `name` by `owner` this handle accounts for.
+    pub(crate) fn of(&self, name: &LockName, owner: &OwnerId) -> u32 {
+        let counts = self.counts();
+        if counts.is_empty() {
+            return 0;
+        }
+        counts
+            .get(&(name.clone(), owner.clone()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// One acquire in flight, counted until it becomes a guard ([`InFlight::landed`]) or fails.
+pub(crate) struct InFlight<'a> {
+    backend: &'a dyn DistributedLock,
+    req: &'a AcquireRequest,
+    counted: bool,
+}
+
+impl<'a> InFlight<'a> {
+    /// Counts `req`'s acquire, before its request is sent.
+    pub(crate) fn new(backend: &'a dyn DistributedLock, req: &'a AcquireRequest) -> Self {
+        backend.core().holds().add(&req.name, &req.owner);
+        Self {
+            backend,
+            req,
+            counted: true,
+        }
+    }
+
+    /// The acquire was granted: its guard keeps the count from here on.
+    pub(crate) fn landed(mut self) {
+        self.counted = false;
+    }
+
+    /// The acquire failed or found the lock held: it holds nothing this handle knows of.
+    pub(crate) fn failed(mut self) {
+        self.uncount();
+    }
+
+    fn uncount(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            let holds = self.backend.core().holds();
+            holds.remove(&self.req.name, &self.req.owner);
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.uncount();
+    }
+}
+
+/// Whether the server's answer to a request was lost, so that it may have been applied, on a
+/// backend whose holds outlive a lost answer only by their lease.
+fn answer_lost(backend: &dyn DistributedLock, kind: ErrorKind) -> bool {
+    kind == ErrorKind::Unavailable && backend.capabilities().ttl.kind == LeaseKind::PerLock
+}
+
+/// After an acquire failed with `kind`: if its answer was lost, has the hold the server may have
+/// applied given back in the background. Called once the acquire no longer counts as in flight.
+pub(crate) fn acquire_failed(
+    this: &Arc<dyn DistributedLock>,
+    req: &AcquireRequest,
+    kind: ErrorKind,
+) {
+    if answer_lost(&**this, kind) {
+        tokio::spawn(settle(
+            this.clone(),
+            Job::GiveBack {
+                name: req.name.clone(),
+                owner: req.owner.clone(),
+                ttl: req.ttl,
+            },
+        ));
+    }
+}
+
+/// Releases one hold of `grant` (a guard's, counted in [`Holds`]), and settles the count: it
+/// goes once the server has answered. A release whose answer was lost is sent again in the
+/// background until one is answered or the lease has run out; the caller gets the first
+/// attempt's outcome.
+pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -> Result<bool> {
+    /// Uncounts the hold unless disarmed, also when the release future is dropped mid-way.
+    struct Uncount<'a>(Option<(&'a dyn DistributedLock, &'a Grant)>);
+    impl Drop for Uncount<'_> {
+        fn drop(&mut self) {
+            if let Some((backend, grant)) = self.0.take() {
+                backend.core().holds().remove(&grant.name, &grant.owner);
+            }
+        }
+    }
+    let mut uncount = Uncount(Some((&**backend, grant)));
+    let released = backend.release(grant).await;
+    if let Err(e) = &released {
+        if answer_lost(&**backend, e.kind()) {
+            // The background job uncounts it when the server has answered.
+            uncount.0 = None;
+            tokio::spawn(settle(backend.clone(), Job::Release(grant.clone())));
+        }
+    }
+    released
+}
+
+/// A request whose answer was lost, to settle with the server.
+enum Job {
+    /// Give back the hold an acquire may have added.
+    GiveBack {
+        name: LockName,
+        owner: OwnerId,
+        ttl: Duration,
+    },
+    /// Take away one hold of a grant (counted in [`Holds`] until the server answers).
+    Release(Grant),
+}
+
+/// Settles `job` until the server answers it or its lease has run out. The job keeps the client
+/// alive meanwhile: a client dropped right after a lost answer still cleans up after itself.
+async fn settle(lock: Arc<dyn DistributedLock>, job: Job) {
+    let ttl = match &job {
+        Job::GiveBack { ttl, .. } => *ttl,
+        Job::Release(grant) => grant.ttl,
+    };
+    let until = tokio::time::Instant::now() + ttl + drift(ttl);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let done = match &job {
+            // Not given back (yet): the late request may still land; look again.
+            Job::GiveBack { name, owner, ttl } => match lock.give_back(name, owner, *ttl).await {
+                Ok(given_back) => given_back,
+                Err(e) => !e.is_temporary(),
+            },
+            // Any answer settles a release: it took the hold, or the hold was gone.
+            Job::Release(grant) => match lock.release(grant).await {
+                Ok(_) => true,
+                Err(e) => !e.is_temporary(),
+            },
+        };
+        let now = tokio::time::Instant::now();
+        if done || now >= until {
+            if let Job::Release(grant) = &job {
+                lock.core().holds().remove(&grant.name, &grant.owner);
+            }
+            return;
+        }
+        tokio::time::sleep_until((now + pause).min(until)).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
