@@ -13,8 +13,10 @@ use crate::guard::{context, LockGuard};
 use crate::lock::DistributedLock;
 use crate::memory::MemoryLock;
 use crate::name::{check_name, LockName, OwnerId};
+use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 use crate::settle::{self, InFlight};
+use tracing::Instrument;
 
 /// What users call: validate, acquire, wrap in a [`LockGuard`] watched by the client's
 /// watchdog. Implemented for `Arc<dyn DistributedLock>` and `Arc<B>` for every backend `B`.
@@ -217,14 +219,20 @@ pub(crate) async fn try_lock_with(
             reenter,
         )?;
         if let Some(mem) = plan.mem {
+            let started = observe::stamp();
             let kept = plan.renew.is_some();
             let grant = mem.grant_now(name, plan.owner, plan.ttl, kept).ok();
+            let outcome = if grant.is_some() { "granted" } else { "held" };
+            observe::acquire_metrics(crate::memory::BACKEND, false, outcome, started);
             return Ok(grant.map(|(g, at)| LockGuard::local(this.clone(), g, kept, at)));
         }
         Box::pin(async move {
             let (req, plan) = plan.request(name);
+            let backend = this.core().backend();
+            let span = observe::acquire_span(backend, name, false);
+            let started = observe::stamp();
             let in_flight = InFlight::new(&**this, &req);
-            match this.try_acquire(&req).await {
+            let result = match this.try_acquire(&req).instrument(span.clone()).await {
                 Ok(Some(g)) => {
                     in_flight.landed();
                     Ok(Some(LockGuard::new(
@@ -239,7 +247,10 @@ pub(crate) async fn try_lock_with(
                     in_flight.failed();
                     Err(acquire_failed(this, &req, e))
                 }
-            }
+            };
+            let outcome = Acquired::of(&result, |g| g.as_ref().map(|g| g.token().0));
+            observe::acquired(&span, backend, false, outcome, started);
+            result
         })
     };
     acquire.await
@@ -263,10 +274,14 @@ async fn lock_with(
             None,
         )?;
         let wait = wait.unwrap_or(Duration::ZERO);
+        let started = observe::stamp();
         if let Some(mem) = plan.mem {
             let (kept, ttl) = (plan.renew.is_some(), plan.ttl);
             let owner = match mem.grant_now(name, plan.owner, ttl, kept) {
-                Ok((grant, at)) => return Ok(LockGuard::local(this.clone(), grant, kept, at)),
+                Ok((grant, at)) => {
+                    observe::acquire_metrics(crate::memory::BACKEND, true, "granted", started);
+                    return Ok(LockGuard::local(this.clone(), grant, kept, at));
+                }
                 Err(owner) => owner,
             };
             // Held: queue for it.
@@ -276,17 +291,24 @@ async fn lock_with(
                     owner,
                     ttl,
                 };
-                let grant = mem
+                let span = observe::acquire_span(crate::memory::BACKEND, name, true);
+                let result = mem
                     .acquire_kept(&req, wait, kept)
+                    .instrument(span.clone())
                     .await
-                    .map_err(|e| context(e, &**this, &req.name))?;
-                Ok(LockGuard::local(this.clone(), grant, kept, usize::MAX))
+                    .map_err(|e| context(e, &**this, &req.name))
+                    .map(|grant| LockGuard::local(this.clone(), grant, kept, usize::MAX));
+                let outcome = Acquired::of(&result, |g| Some(g.token().0));
+                observe::acquired(&span, crate::memory::BACKEND, true, outcome, started);
+                result
             }))
         } else {
             Either::Right(Box::pin(async move {
                 let (req, plan) = plan.request(name);
+                let backend = this.core().backend();
+                let span = observe::acquire_span(backend, name, true);
                 let in_flight = InFlight::new(&**this, &req);
-                match this.acquire(&req, wait).await {
+                let result = match this.acquire(&req, wait).instrument(span.clone()).await {
                     Ok(grant) => {
                         in_flight.landed();
                         Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
@@ -295,7 +317,10 @@ async fn lock_with(
                         in_flight.failed();
                         Err(acquire_failed(this, &req, e))
                     }
-                }
+                };
+                let outcome = Acquired::of(&result, |g| Some(g.token().0));
+                observe::acquired(&span, backend, true, outcome, started);
+                result
             }))
         }
     };

@@ -51,6 +51,8 @@ impl fmt::Display for LostReason {
 /// State shared between a guard and the client's watchdog.
 pub(crate) struct GrantState {
     pub(crate) grant: Grant,
+    /// The backend's name, for the lost event.
+    backend: &'static str,
     inner: Mutex<StateInner>,
     changed: Notify,
 }
@@ -61,9 +63,10 @@ struct StateInner {
 }
 
 impl GrantState {
-    fn new(grant: Grant, safe_until: Option<Instant>) -> Self {
+    fn new(backend: &'static str, grant: Grant, safe_until: Option<Instant>) -> Self {
         Self {
             grant,
+            backend,
             inner: Mutex::new(StateInner {
                 safe_until,
                 lost: None,
@@ -95,6 +98,8 @@ impl GrantState {
     pub(crate) fn fire(&self, reason: LostReason) {
         let mut s = self.lock();
         if s.lost.is_none() {
+            let g = &self.grant;
+            crate::observe::lost(self.backend, g.name.as_str(), g.token.0, &reason);
             s.lost = Some(reason);
             drop(s);
             self.changed.notify_waiters();
@@ -178,7 +183,7 @@ impl LockGuard {
     ) -> Self {
         let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
         backend.core().note_runtime();
-        let state = Arc::new(GrantState::new(grant, until));
+        let state = Arc::new(GrantState::new(backend.core().backend(), grant, until));
         let entry = backend.core().watchdog().register(
             Arc::downgrade(&backend),
             state.clone(),
@@ -393,15 +398,21 @@ impl LockGuard {
     pub fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
         if let Held::Local { .. } = self.held {
             self.done = Flag::YES;
-            return Either::Left(Released(Flag::of(self.give_up().unwrap_or(false))));
+            let released = self.give_up().unwrap_or(false);
+            crate::observe::released_metrics(
+                crate::memory::BACKEND,
+                if released { "released" } else { "not_held" },
+            );
+            return Either::Left(Released(Flag::of(released)));
         }
         Either::Right(Box::pin(async move {
             self.done = Flag::YES;
             self.give_up();
             let grant = self.grant();
-            crate::settle::release(&self.backend, grant)
-                .await
-                .map_err(|e| context(e, &*self.backend, &grant.name))
+            let backend = self.backend.core().backend();
+            let released = crate::settle::release(&self.backend, grant).await;
+            crate::observe::released(backend, grant.name.as_str(), grant.token.0, Some(&released));
+            released.map_err(|e| context(e, &*self.backend, &grant.name))
         }))
     }
 
@@ -512,9 +523,20 @@ async fn sleep_until(until: Option<Instant>) {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.done.get() || self.give_up().is_some() {
+        if self.done.get() {
             return;
         }
+        if self.give_up().is_some() {
+            crate::observe::released_metrics(crate::memory::BACKEND, "dropped");
+            return;
+        }
+        let g = self.grant();
+        crate::observe::released(
+            self.backend.core().backend(),
+            g.name.as_str(),
+            g.token.0,
+            None,
+        );
         // Dropped where no runtime runs (a plain thread), the release goes to the runtime the
         // client's guards were made on: session-bound locks (ZooKeeper, etcd) would otherwise
         // stay held for as long as the client lives. Spawning through a handle needs no

@@ -32,6 +32,7 @@ mod guard;
 mod lock;
 pub mod memory;
 mod name;
+mod observe;
 mod options;
 mod settle;
 pub mod wait;

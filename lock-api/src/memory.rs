@@ -25,6 +25,9 @@ use crate::lock::{ClientCore, DistributedLock};
 use crate::name::{LockName, OwnerId};
 use crate::wait::timeout;
 
+/// The backend's name, as errors, traces and metrics show it.
+pub(crate) const BACKEND: &str = "memory";
+
 /// What the in-memory backend promises: everything.
 pub const CAPABILITIES: Capabilities = Capabilities {
     reentrant: true,
@@ -338,7 +341,7 @@ impl MemoryStore {
     pub fn client(&self) -> MemoryLock {
         MemoryLock {
             store: self.clone(),
-            core: ClientCore::new("memory"),
+            core: ClientCore::new(BACKEND),
         }
     }
 

@@ -28,6 +28,7 @@ use crate::error::{ErrorKind, Result};
 use crate::grant::{drift, AcquireRequest, Grant};
 use crate::lock::DistributedLock;
 use crate::name::{LockName, OwnerId};
+use crate::observe::{self, Settling};
 
 /// The holds of each name and owner that one client handle accounts for: its live guards and
 /// its acquires in flight (see the [module docs](self)).
@@ -131,6 +132,7 @@ pub(crate) fn acquire_failed(
     kind: ErrorKind,
 ) {
     if answer_lost(&**this, kind) {
+        observe::settling(this.core().backend(), req.name.as_str(), Settling::GiveBack);
         tokio::spawn(settle(
             this.clone(),
             Job::GiveBack {
@@ -162,6 +164,11 @@ pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -
         if answer_lost(&**backend, e.kind()) {
             // The background job uncounts it when the server has answered.
             uncount.0 = None;
+            observe::settling(
+                backend.core().backend(),
+                grant.name.as_str(),
+                Settling::Release,
+            );
             tokio::spawn(settle(backend.clone(), Job::Release(grant.clone())));
         }
     }
@@ -204,9 +211,14 @@ async fn settle(lock: Arc<dyn DistributedLock>, job: Job) {
         };
         let now = tokio::time::Instant::now();
         if done || now >= until {
-            if let Job::Release(grant) = &job {
-                lock.core().holds().remove(&grant.name, &grant.owner);
-            }
+            let (name, what) = match &job {
+                Job::GiveBack { name, .. } => (name, Settling::GiveBack),
+                Job::Release(grant) => {
+                    lock.core().holds().remove(&grant.name, &grant.owner);
+                    (&grant.name, Settling::Release)
+                }
+            };
+            observe::settled(lock.core().backend(), name.as_str(), what, done);
             return;
         }
         tokio::time::sleep_until((now + pause).min(until)).await;

@@ -460,6 +460,13 @@ async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
                     "renew_many returned fewer results than grants",
                 ))
             });
+            let g = &d.grant;
+            crate::observe::renewed(
+                d.backend.core().backend(),
+                g.name.as_str(),
+                g.token.0,
+                &result,
+            );
             sooner |= settle(&mut inner, d, sent, result);
         }
     }
