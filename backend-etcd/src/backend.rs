@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_api::wait::{self, Attempt};
+use distlock_api::wait::{self, Attempt, Waiting};
 use distlock_api::{
     lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error, ErrorKind,
     Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, LostReason, Result, TtlSupport,
@@ -239,11 +239,18 @@ impl DistributedLock for EtcdLock {
         &self.shared.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        self.shared
-            .acquire(req, None)
-            .await
-            .map_err(|e| context(e, &req.name))
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        match self.shared.acquire(req, None).await {
+            Ok(Some(grant)) => Ok(Attempt::Granted(grant)),
+            // A lease-bound lock: the holder's lease is the client's, not the lock's.
+            Ok(None) => Ok(Attempt::Held { expires_in: None }),
+            Err(e) => Err(context(e, &req.name)),
+        }
+    }
+
+    /// Waiters queue by creation revision, each watching its predecessor's key.
+    fn waiting(&self) -> Waiting {
+        Waiting::Queue
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{self, Attempt, Backoff};
+use distlock_api::wait::{Attempt, Backoff, Waiting};
 use distlock_api::{
     async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
     ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
@@ -217,24 +217,6 @@ impl MongoLock {
             .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d.get_i64(TOKEN).ok()?)))
             .collect())
     }
-
-    /// One acquire attempt, through [`wait::detached`]: dropping the caller at any await point
-    /// cannot leave a grant without a guard, because an attempt still in flight then finishes
-    /// in a task of its own, which gives back a grant nobody is left to receive.
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let job = AcquireJob {
-            locks: self.locks.clone(),
-            req: req.clone(),
-            timeout: self.operation_timeout,
-        };
-        let (locks, timeout) = (self.locks.clone(), self.operation_timeout);
-        wait::detached(async move { job.run().await }, move |grant| async move {
-            // Nobody holds a guard for this grant: give it back rather than let it block
-            // others until its lease runs out.
-            let _ = release_grant(&locks, timeout, &grant).await;
-        })
-        .await
-    }
 }
 
 impl std::fmt::Debug for MongoLock {
@@ -303,7 +285,7 @@ async fn check_collation(db: &mongodb::Database, collection: &str) -> Result<()>
     }
 }
 
-/// An acquire request, owned so it can finish in a task of its own if its caller is dropped.
+/// One acquire request and the collection and time limit it runs with.
 struct AcquireJob {
     locks: Collection<Document>,
     req: AcquireRequest,
@@ -511,18 +493,17 @@ impl DistributedLock for MongoLock {
         &self.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(self.attempt(req).await?.into_grant())
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        let job = AcquireJob {
+            locks: self.locks.clone(),
+            req: req.clone(),
+            timeout: self.operation_timeout,
+        };
+        job.run().await
     }
 
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        let deadline = Instant::now() + wait;
-        wait::poll(
-            deadline,
-            Backoff::new(Duration::from_millis(2), POLL_CAP),
-            || self.attempt(req),
-        )
-        .await
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Backoff::new(Duration::from_millis(2), POLL_CAP))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{self, Attempt, Backoff};
+use distlock_api::wait::{Attempt, Backoff, Waiting};
 use distlock_api::{
     async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
     ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
@@ -166,21 +166,6 @@ impl MysqlLock {
     pub fn rows_swept(&self) -> u64 {
         self.inner.swept.load(Ordering::Relaxed)
     }
-
-    /// Runs one acquire attempt through [`wait::detached`], so that dropping the caller's
-    /// future never cuts a transaction short and never loses a grant: an attempt in flight then
-    /// finishes in a task of its own, and a grant it wins is released at once.
-    async fn attempt_detached(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let (inner, giver) = (self.inner.clone(), self.inner.clone());
-        let req = req.clone();
-        wait::detached(
-            async move { inner.attempt(&req).await },
-            move |orphan| async move {
-                let _ = giver.release(&orphan).await;
-            },
-        )
-        .await
-    }
 }
 
 impl Drop for MysqlLock {
@@ -212,20 +197,15 @@ impl DistributedLock for MysqlLock {
         &self.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(self.attempt_detached(req).await?.into_grant())
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.inner.attempt(req).await
     }
 
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        // `wait` is at most MAX_WAIT (validated by the caller), so this cannot overflow.
-        let deadline = Instant::now() + wait;
+    /// Polls with the configured backoff; held answers carry the holder's remaining lease, so a
+    /// waiter wakes no later than the holder's expiry even when the step is longer.
+    fn waiting(&self) -> Waiting {
         let (base, cap) = self.inner.backoff;
-        // Held answers carry the holder's remaining lease, so the loop wakes no later than the
-        // holder's expiry even when the backoff step is longer.
-        wait::poll(deadline, Backoff::new(base, cap), || {
-            self.attempt_detached(req)
-        })
-        .await
+        Waiting::Poll(Backoff::new(base, cap))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{self, Attempt};
+use distlock_api::wait::{Attempt, Notices, Waiting};
 use distlock_api::{
     async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock,
     Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
@@ -13,7 +13,6 @@ use distlock_api::{
 use crate::config::RedisConfig;
 use crate::pubsub::{Hub, HubConfig};
 use crate::server::{Acquired, Server};
-use distlock_api::wait::detached;
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -86,19 +85,6 @@ impl RedisLock {
         self.core = core;
         self
     }
-
-    /// One acquire attempt, run in the caller's task and cancellation-safe (see [`detached`]).
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let shared = self.shared.clone();
-        let req = req.clone();
-        let undo = {
-            let shared = self.shared.clone();
-            move |g: Grant| async move {
-                let _ = shared.release(&g).await;
-            }
-        };
-        detached(async move { shared.attempt(&req).await }, undo).await
-    }
 }
 
 impl Shared {
@@ -139,36 +125,18 @@ impl DistributedLock for RedisLock {
         &self.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(self.attempt(req).await?.into_grant())
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.shared.attempt(req).await
     }
 
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        let started = Instant::now();
-        let deadline = started + wait;
-        // Uncontended locks cost one round trip and no subscription.
-        if let Attempt::Granted(g) = self.attempt(req).await? {
-            return Ok(g);
-        }
-        if Instant::now() >= deadline {
-            return Err(wait::timeout(wait));
-        }
-        // Subscribe before the retry, so a release between the retry and the wait is heard.
-        let channel = self.shared.server.keys.channel(&req.name);
-        let sub =
-            match tokio::time::timeout_at(deadline.into(), self.shared.hub.subscribe(&channel))
-                .await
-            {
-                Ok(sub) => sub?,
-                // The wait bound ran out while subscribing: one last try, as the loop would.
-                Err(_) => {
-                    return match self.attempt(req).await? {
-                        Attempt::Granted(g) => Ok(g),
-                        Attempt::Held { .. } => Err(wait::timeout(wait)),
-                    }
-                }
-            };
-        wait::notified(deadline, || self.attempt(req), |max| sub.wait(max)).await
+    /// Waiters subscribe to the lock's channel; a release publishes on it.
+    fn waiting(&self) -> Waiting {
+        Waiting::Notify
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        let channel = self.shared.server.keys.channel(name);
+        Ok(Box::new(self.shared.hub.subscribe(&channel).await?))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

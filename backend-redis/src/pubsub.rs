@@ -156,6 +156,13 @@ pub(crate) struct Subscription {
     seen: AtomicU64,
 }
 
+#[distlock_api::async_trait]
+impl distlock_api::wait::Notices for Subscription {
+    async fn wait(&self, max: Duration) {
+        Subscription::wait(self, max).await
+    }
+}
+
 impl Subscription {
     /// Returns when a message arrived on the channel since the last call (or since subscribing),
     /// or after `max`.

@@ -38,7 +38,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{self, Attempt, Backoff};
+use distlock_api::wait::{Attempt, Backoff, Waiting};
 use distlock_api::{
     async_trait, drift, lost, safe_until, AcquireRequest, Blocking, Capabilities, ClientCore,
     DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName,
@@ -50,7 +50,6 @@ use futures::FutureExt;
 
 use crate::config::RedLockConfig;
 use crate::server::{Acquired, Holder, Server};
-use distlock_api::wait::detached;
 
 /// What [`RedLock`] promises.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
@@ -247,18 +246,6 @@ impl RedLock {
     /// ([`master_deadline`] with the configured response timeout).
     pub fn master_deadline(&self, ttl: Duration) -> Duration {
         master_deadline(ttl, self.shared.response_timeout)
-    }
-
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let shared = self.shared.clone();
-        let req = req.clone();
-        let undo = {
-            let shared = self.shared.clone();
-            move |g: Grant| async move {
-                let _ = shared.release(&g).await;
-            }
-        };
-        detached(async move { shared.attempt(&req).await }, undo).await
     }
 }
 
@@ -931,13 +918,14 @@ impl DistributedLock for RedLock {
         &self.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        Ok(self.attempt(req).await?.into_grant())
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.shared.attempt(req).await
     }
 
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        let deadline = Instant::now() + wait;
-        wait::poll(deadline, Backoff::default(), || self.attempt(req)).await
+    /// Rounds are retried after a random delay ([`Backoff::default`]'s jittered steps), as the
+    /// RedLock description asks of a client that failed to get a majority.
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Backoff::default())
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

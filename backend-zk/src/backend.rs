@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use distlock_api::wait::{Attempt, Waiting};
 use distlock_api::{
     async_trait, lost, wait, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock,
     Error, ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, LostReason,
@@ -850,10 +851,18 @@ impl DistributedLock for ZkLock {
         &self.inner.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        self.contend(req, None)
-            .await
-            .map_err(|e| e.with_lock(&req.name))
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        match self.contend(req, None).await {
+            Ok(Some(grant)) => Ok(Attempt::Granted(grant)),
+            // A session lock has no lease to wait out.
+            Ok(None) => Ok(Attempt::Held { expires_in: None }),
+            Err(e) => Err(e.with_lock(&req.name)),
+        }
+    }
+
+    /// Waiters queue as sequential nodes, each watching its predecessor.
+    fn waiting(&self) -> Waiting {
+        Waiting::Queue
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use distlock_api::wait::{Attempt, Notices, Waiting};
 use distlock_api::{
     async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
     LockName, MemoryLock, Result, SharedLock,
@@ -91,8 +92,16 @@ impl DistributedLock for Counting {
         self.inner.core()
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        self.inner.try_acquire(req).await
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.inner.attempt(req).await
+    }
+
+    fn waiting(&self) -> Waiting {
+        self.inner.waiting()
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        self.inner.subscribe(name).await
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {

@@ -1467,6 +1467,8 @@ async fn an_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
     );
     assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
 /// Like [`an_acquire_whose_reply_is_lost_is_given_back`], with an explicit owner: its hold is
@@ -1492,6 +1494,8 @@ async fn an_explicit_owners_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
         .expect("the explicit owner's lost acquire was never given back");
     assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
 /// An explicit owner holds; its second acquire (a re-entry) is applied but the answer is lost.
@@ -1536,6 +1540,8 @@ async fn a_lost_reentry_is_given_back_and_the_live_hold_kept(cx: Ctx) {
         .unwrap()
         .expect("free once the guard released its one hold");
     assert!(g.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
 /// An explicit owner holds; its second acquire never reaches the server (the link is cut). The
@@ -1568,6 +1574,8 @@ async fn a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone(cx: Ctx) {
     assert_eq!(info.hold_count, 1);
     assert!(other.try_lock(&name).await.unwrap().is_none());
     assert!(held.release().await.unwrap(), "the guard no longer held");
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
 /// A release cut off on its way to the server is `Unavailable` to the caller, and is sent again
@@ -1594,6 +1602,8 @@ async fn a_release_the_server_never_got_is_sent_again(cx: Ctx) {
         .await
         .expect("the release was never sent again");
     assert!(next.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
 /// Awaits `f`, failing the case if it takes a minute: a request without an answer must end.

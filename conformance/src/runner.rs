@@ -55,6 +55,28 @@ impl Ctx {
             .push(Box::new(thing));
     }
 
+    /// Waits until the server holds nothing of this case's names ([`Harness::leftovers`]), for
+    /// work the case left to the background that may first wait out a request's timeout (a
+    /// release sent again, a hold given back); panics with what is left after `within`.
+    pub async fn until_nothing_is_left(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = self
+                .harness
+                .leftovers(&self.prefix)
+                .await
+                .unwrap_or_else(|e| panic!("leftover check failed: {e}"));
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "still on the server after {within:?}: {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// A lock name unique to this case and run.
     pub fn name(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)

@@ -2,13 +2,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::Either;
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{check_wait, AcquireRequest, FencingToken, LockInfo};
+use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::guard::{context, LockGuard};
 use crate::lock::DistributedLock;
 use crate::memory::MemoryLock;
@@ -16,6 +16,8 @@ use crate::name::{check_name, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 use crate::settle::{self, InFlight};
+use crate::wait::{self, Attempt, Waiting};
+use futures::TryFutureExt;
 use tracing::Instrument;
 
 /// What users call: validate, acquire, wrap in a [`LockGuard`] watched by the client's
@@ -232,7 +234,8 @@ pub(crate) async fn try_lock_with(
             let span = observe::acquire_span(backend, name, false);
             let started = observe::stamp();
             let in_flight = InFlight::new(&**this, &req);
-            let result = match this.try_acquire(&req).instrument(span.clone()).await {
+            let attempt = attempt_once(this, &req).map_ok(Attempt::into_grant);
+            let result = match attempt.instrument(span.clone()).await {
                 Ok(Some(g)) => {
                     in_flight.landed();
                     Ok(Some(LockGuard::new(
@@ -308,7 +311,8 @@ async fn lock_with(
                 let backend = this.core().backend();
                 let span = observe::acquire_span(backend, name, true);
                 let in_flight = InFlight::new(&**this, &req);
-                let result = match this.acquire(&req, wait).instrument(span.clone()).await {
+                let waited = acquire_waiting(this, &req, wait);
+                let result = match waited.instrument(span.clone()).await {
                     Ok(grant) => {
                         in_flight.landed();
                         Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
@@ -325,6 +329,62 @@ async fn lock_with(
         }
     };
     acquire.await
+}
+
+/// One attempt of `req`, safe to drop at any point: once its request may have been sent, a
+/// grant nobody is left to receive is released ([`wait::detached`]). Every backend's attempts
+/// go through here, so none wires cancellation of its own.
+async fn attempt_once(this: &Arc<dyn DistributedLock>, req: &AcquireRequest) -> Result<Attempt> {
+    let (lock, req) = (this.clone(), req.clone());
+    let undo = this.clone();
+    wait::detached(
+        async move { lock.attempt(&req).await },
+        move |orphan| async move {
+            let _ = undo.release(&orphan).await;
+        },
+    )
+    .await
+}
+
+/// Waits up to `wait` for `req`'s lock the way the backend says
+/// ([`DistributedLock::waiting`]): attempts with backoff, attempts woken by the server's
+/// notices, or the backend's own queue.
+async fn acquire_waiting(
+    this: &Arc<dyn DistributedLock>,
+    req: &AcquireRequest,
+    wait: Duration,
+) -> Result<Grant> {
+    let deadline = Instant::now() + wait;
+    match this.waiting() {
+        Waiting::Queue => this.acquire(req, wait).await,
+        Waiting::Poll(backoff) => wait::poll(deadline, backoff, || attempt_once(this, req)).await,
+        Waiting::Notify => {
+            // An uncontended lock costs one request and no subscription.
+            if let Attempt::Granted(g) = attempt_once(this, req).await? {
+                return Ok(g);
+            }
+            if Instant::now() >= deadline {
+                return Err(wait::timeout(wait));
+            }
+            let subscribed = tokio::time::timeout_at(deadline.into(), this.subscribe(&req.name));
+            let notices = match subscribed.await {
+                Ok(notices) => notices?,
+                // The wait bound ran out while subscribing: one last attempt, as the loop makes.
+                Err(_) => {
+                    return match attempt_once(this, req).await? {
+                        Attempt::Granted(g) => Ok(g),
+                        Attempt::Held { .. } => Err(wait::timeout(wait)),
+                    }
+                }
+            };
+            wait::notified(
+                deadline,
+                || attempt_once(this, req),
+                |max| notices.wait(max),
+            )
+            .await
+        }
+    }
 }
 
 /// Adds context to an acquire's error, and when the error leaves the outcome unknown (the

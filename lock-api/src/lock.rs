@@ -11,7 +11,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{AcquireRequest, Grant, LockInfo};
 use crate::name::{LockName, OwnerId};
 use crate::settle::Holds;
-use crate::wait::{self, Attempt, Backoff};
+use crate::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::watchdog::Watchdog;
 use crate::{LostReason, MemoryLock};
 
@@ -47,10 +47,12 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 ///   reentrancy, a re-acquire by the holder is answered like anyone else's.
 /// - **Fencing** (if [`Capabilities::fencing`] is not `None`): every fresh grant's token is
 ///   strictly greater than every token issued earlier for the same name.
-/// - **Waiting.** `try_acquire` never waits. `acquire` waits up to `wait`, then fails with
-///   [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) within one round trip. Dropping the
-///   `acquire` future at any await point leaves nothing behind: no waiter entry, and no grant
-///   without a caller (a grant that raced the cancellation is released).
+/// - **Waiting.** `attempt` never waits. The conveniences wait with attempts, polling or woken
+///   by the server's notices as [`waiting`](DistributedLock::waiting) says, up to the wait
+///   bound, then fail with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) within one round
+///   trip; a dropped wait leaves nothing behind (the core releases a grant that raced the
+///   cancellation). A backend with a queue on the server ([`Waiting::Queue`]) waits in its own
+///   [`acquire`](DistributedLock::acquire), which keeps the same promises.
 /// - **Errors.** An unreachable server is
 ///   [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) within the connect timeout; a
 ///   renew that finds the lock gone is [`ErrorKind::Lost`](crate::ErrorKind::Lost).
@@ -66,25 +68,40 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// The per-client state: backend name, default owner id, default TTL, watchdog.
     fn core(&self) -> &ClientCore;
 
-    /// Acquires the lock if it is free (or held by `req.owner`, on reentrant backends); `None`
-    /// if someone else holds it. Never waits for the lock.
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>>;
+    /// One acquire request: the lock is granted if it is free (or held by `req.owner`, on
+    /// reentrant backends), else the answer says who holds it for how long
+    /// ([`Attempt::Held`], with the holder's remaining lease where the server tells it). Never
+    /// waits for the lock. The conveniences make it cancellation-safe (a grant that lands after
+    /// the caller went away is released) and wait with it as [`waiting`](Self::waiting) says,
+    /// so a backend implements only its server's request.
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt>;
 
-    /// Acquires the lock, waiting up to `wait` for it. The default polls [`try_acquire`] with
-    /// capped exponential backoff and jitter; backends the server can notify override it.
-    ///
-    /// [`try_acquire`]: DistributedLock::try_acquire
+    /// How a waiting acquire learns that the lock may be free between attempts. The default
+    /// polls with [`Backoff::default`], waking no later than the holder's expiry.
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Backoff::default())
+    }
+
+    /// Subscribes to notices that `name` may have come free, for [`Waiting::Notify`]: made
+    /// before the attempt that follows it, so a release in between is not missed.
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        let _ = name;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend's server sends no notices",
+        ))
+    }
+
+    /// For [`Waiting::Queue`]: takes a place in the server's queue for the lock and waits up to
+    /// `wait` for it ([`ErrorKind::Timeout`](crate::ErrorKind::Timeout) after that, within one
+    /// round trip). Dropping the future at any await point must leave nothing behind: no queue
+    /// entry, and no grant without a caller.
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        let deadline = Instant::now() + wait;
-        wait::poll(deadline, Backoff::default(), || async {
-            Ok(match self.try_acquire(req).await? {
-                Some(grant) => Attempt::Granted(grant),
-                None => Attempt::Held {
-                    expires_in: self.inspect(&req.name).await?.and_then(|i| i.remaining),
-                },
-            })
-        })
-        .await
+        let _ = (req, wait);
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend has no queue of its own: it waits by attempts",
+        ))
     }
 
     /// Gives up one hold of `grant`. `Ok(true)` if the grant still held the lock (and one hold

@@ -23,7 +23,7 @@ use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant,
 use crate::guard::LostReason;
 use crate::lock::{ClientCore, DistributedLock};
 use crate::name::{LockName, OwnerId};
-use crate::wait::timeout;
+use crate::wait::{timeout, Attempt, Waiting};
 
 /// The backend's name, as errors, traces and metrics show it.
 pub(crate) const BACKEND: &str = "memory";
@@ -600,16 +600,24 @@ impl DistributedLock for MemoryLock {
         &self.core
     }
 
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
         // lock calls must still let the runtime run its other tasks (the watchdog among them).
         // Acquires spend it, releases do not: a loop that releases also acquires. (The
         // conveniences spend it before calling `grant_now`.)
         tokio::task::coop::consume_budget().await;
-        Ok(self
-            .grant_now(req.name.as_str(), req.owner.clone(), req.ttl, false)
-            .ok()
-            .map(|(grant, _)| grant))
+        Ok(
+            match self.grant_now(req.name.as_str(), req.owner.clone(), req.ttl, false) {
+                Ok((grant, _)) => Attempt::Granted(grant),
+                // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
+                Err(_) => Attempt::Held { expires_in: None },
+            },
+        )
+    }
+
+    /// The store keeps a queue of waiters per name.
+    fn waiting(&self) -> Waiting {
+        Waiting::Queue
     }
 
     fn in_process(&self) -> Option<&MemoryLock> {

@@ -1,6 +1,7 @@
-//! Wait loops for backends: one driven by server notices, one polling with capped exponential
-//! backoff and jitter. Both honour the deadline (one last attempt at it, then
-//! [`ErrorKind::Timeout`]) and are cancellation-safe wherever the attempt is.
+//! How acquires wait: [`Waiting`], which a backend picks, and the loops the core runs with its
+//! attempts — one driven by server notices, one polling with capped exponential backoff and
+//! jitter. Both honour the deadline (one last attempt at it, then [`ErrorKind::Timeout`]). The
+//! core makes every attempt cancellation-safe (`detached`), so no backend wires its own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,6 +34,27 @@ impl Attempt {
             Attempt::Held { .. } => None,
         }
     }
+}
+
+/// How a waiting acquire learns that the lock may be free between attempts
+/// ([`DistributedLock::waiting`](crate::DistributedLock::waiting)).
+#[derive(Clone, Debug)]
+pub enum Waiting {
+    /// It attempts again after a backoff step, and no later than the holder's expiry.
+    Poll(Backoff),
+    /// The server sends notices ([`DistributedLock::subscribe`](crate::DistributedLock::subscribe)):
+    /// it attempts again on each, and at the holder's expiry or [`NOTICE_RECHECK`] at the latest.
+    Notify,
+    /// The server keeps a queue of waiters; the backend's
+    /// [`acquire`](crate::DistributedLock::acquire) waits in it.
+    Queue,
+}
+
+/// A subscription to notices that one lock may have come free.
+#[async_trait::async_trait]
+pub trait Notices: Send + Sync {
+    /// Returns at the next notice, or after `max`.
+    async fn wait(&self, max: Duration);
 }
 
 /// Capped exponential backoff with jitter: each delay is drawn from the upper half of the
@@ -141,7 +163,7 @@ pub fn timeout(waited: Duration) -> Error {
 /// to `undo`. A completed outcome is returned in the very poll that produced it, so a grant
 /// belongs to the caller or to `undo`, never to nobody. Dropped outside a Tokio runtime, an
 /// unfinished attempt is dropped too and a grant it may have caused ends with its lease.
-pub fn detached<A, U, UF>(attempt: A, undo: U) -> Detached
+pub(crate) fn detached<A, U, UF>(attempt: A, undo: U) -> Detached
 where
     A: Future<Output = Result<Attempt>> + Send + 'static,
     U: FnOnce(Grant) -> UF + Send + 'static,
@@ -162,7 +184,7 @@ type Undo = Box<dyn FnOnce(Grant) -> Boxed<()> + Send>;
 
 /// The future [`detached`] returns.
 #[must_use = "futures do nothing unless awaited"]
-pub struct Detached {
+pub(crate) struct Detached {
     /// `None` once the outcome was returned.
     attempt: Option<Boxed<Result<Attempt>>>,
     undo: Option<Undo>,

@@ -186,11 +186,11 @@ impl DistributedLock for Remote {
     fn core(&self) -> &distlock_api::ClientCore {
         self.inner.core()
     }
-    async fn try_acquire(
+    async fn attempt(
         &self,
         req: &distlock_api::AcquireRequest,
-    ) -> distlock_api::Result<Option<distlock_api::Grant>> {
-        self.inner.try_acquire(req).await
+    ) -> distlock_api::Result<distlock_api::wait::Attempt> {
+        self.inner.attempt(req).await
     }
     async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {
         self.inner.release(grant).await
@@ -242,11 +242,11 @@ impl DistributedLock for Batching {
     fn core(&self) -> &distlock_api::ClientCore {
         self.inner.core()
     }
-    async fn try_acquire(
+    async fn attempt(
         &self,
         req: &distlock_api::AcquireRequest,
-    ) -> distlock_api::Result<Option<distlock_api::Grant>> {
-        self.inner.try_acquire(req).await
+    ) -> distlock_api::Result<distlock_api::wait::Attempt> {
+        self.inner.attempt(req).await
     }
     async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {
         self.inner.release(grant).await

@@ -122,10 +122,12 @@ struct PrimitiveCycle {
 #[async_trait]
 impl Cycle for PrimitiveCycle {
     async fn once(&mut self) -> Res<()> {
-        let grant =
-            self.lock.try_acquire(&self.req).await?.ok_or_else(|| {
-                format!("{}: uncontended try_acquire found it held", self.req.name)
-            })?;
+        let grant = self
+            .lock
+            .attempt(&self.req)
+            .await?
+            .into_grant()
+            .ok_or_else(|| format!("{}: uncontended attempt found it held", self.req.name))?;
         if !self.lock.release(&grant).await? {
             return Err(format!("{}: release found the lock no longer held", self.req.name).into());
         }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_api::wait::{Attempt, Waiting};
 use distlock_api::{
     async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
     LockName, MemoryLock, MemoryStore, Result,
@@ -38,8 +39,11 @@ impl DistributedLock for Watched {
     fn core(&self) -> &ClientCore {
         self.0.core()
     }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Option<Grant>> {
-        self.0.try_acquire(req).await
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.0.attempt(req).await
+    }
+    fn waiting(&self) -> Waiting {
+        self.0.waiting()
     }
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
         self.0.acquire(req, wait).await
