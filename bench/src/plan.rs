@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use crate::targets::Kind;
+
 /// Durations and sizes of one run.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
@@ -47,7 +49,12 @@ pub(crate) struct Plan {
 impl Plan {
     /// Progress steps per backend: uncontended+floor, one per independent level, one per hot
     /// level, wake-up, many held locks.
-    pub(crate) const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1;
+    const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1;
+
+    /// Progress steps of `kind`: RedLock adds the run with one master paused.
+    pub(crate) fn steps(kind: Kind) -> usize {
+        Self::STEPS_PER_BACKEND + usize::from(kind == Kind::Redlock)
+    }
 
     /// The full run.
     pub(crate) fn full() -> Self {
