@@ -532,8 +532,8 @@ fn paused_master(r: &Results, doc: &mut Vec<Block>) {
     doc.push(Block::P(format!(
         "**{CASE}.** The `lock(name, wait)` + `release()` cycle of the RedLock row above, on \
          {} private redis-servers the benchmark starts on free loopback ports (the shared ones \
-         are never paused): first all healthy, then with {} of them stopped (`SIGSTOP`: \
-         connected, silent). A round ends as soon as a majority has answered, so the live \
+         are never paused), in slices alternating between all healthy and {} of them stopped \
+         (`SIGSTOP`: connected, silent). A round ends as soon as a majority has answered, so the live \
          masters decide it; a round that misses the majority waits for the silent master at \
          most the per-master deadline after the first answer, {} for this cycle's {} lease. \
          ÷ healthy compares the medians of the two measurements.",

@@ -272,8 +272,8 @@ pub(crate) struct ManyHeld {
 }
 
 /// RedLock's uncontended cycle (`lock` + `release`, as in [`Uncontended::cycle`]) on three
-/// private redis-servers the benchmark starts itself: healthy, then with one of them stopped
-/// (`SIGSTOP`).
+/// private redis-servers the benchmark starts itself, in slices alternating between healthy and
+/// one of them stopped (`SIGSTOP`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub(crate) enum PausedMaster {

@@ -1,13 +1,14 @@
 //! RedLock with one master paused: the uncontended cycle of scenario 1 on three private
-//! redis-servers, first healthy, then with one of them stopped (`SIGSTOP`), which is what a
-//! hung host or a long pause looks like to a client: connected, silent.
+//! redis-servers, healthy and with one of them stopped (`SIGSTOP`) in alternating slices; a
+//! stopped server is what a hung host or a long pause looks like to a client: connected,
+//! silent. Then a second one is stopped too, and `try_lock` must be refused.
 //!
 //! A RedLock round ends as soon as a majority has granted, so with two of three masters
 //! answering the cycle should cost about what it costs healthy; this measures that promise.
 //! The servers are the benchmark's own, never the shared ones other people's tests use.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use distlock_api::{DistributedLock, LockExt, LockOptions, SharedLock};
 use distlock_redis::{RedLock, RedLockConfig};
@@ -47,22 +48,30 @@ pub(super) async fn run(plan: &Plan) -> Res<PausedMaster> {
     let lock: SharedLock = Arc::new(redlock);
     let opts = LockOptions::new().wait(ACQUIRE_WAIT);
 
-    // A name per phase: acquires the paused master receives are carried out when it thaws,
-    // and must not meet the healthy phase's name.
-    let mut healthy = LockCycle {
+    // Healthy and paused in alternating slices, like scenario 1's cycle and floor, so that
+    // both see the same machine. Every paused slice uses a name of its own: the acquires the
+    // paused master has buffered are carried out when it thaws and must not meet a name in
+    // use. Each healthy slice starts with the plan's warm-up, which gives the thawed master
+    // time to work off that backlog before the slice is timed.
+    let mut healthy = empty();
+    let mut paused = empty();
+    let mut healthy_cycle = LockCycle {
         lock: lock.clone(),
         name: unique_name("paused-master/healthy"),
         opts: opts.clone(),
     };
-    let [healthy] = measured(&mut healthy, plan).await?;
-
+    for _ in 0..plan.slices {
+        slice(&mut healthy_cycle, plan.warmup, plan, &mut healthy).await?;
+        masters[PAUSED].pause()?;
+        let mut paused_cycle = LockCycle {
+            lock: lock.clone(),
+            name: unique_name("paused-master/paused"),
+            opts: opts.clone(),
+        };
+        slice(&mut paused_cycle, Duration::ZERO, plan, &mut paused).await?;
+        masters[PAUSED].resume()?;
+    }
     masters[PAUSED].pause()?;
-    let mut paused = LockCycle {
-        lock: lock.clone(),
-        name: unique_name("paused-master/paused"),
-        opts,
-    };
-    let [paused] = measured(&mut paused, plan).await?;
 
     masters[PAUSED - 1].pause()?;
     let majority_down = refusals(&lock).await?;
@@ -119,9 +128,23 @@ async fn refusals(lock: &SharedLock) -> Res<MajorityDown> {
     })
 }
 
-/// The same warm-up, slices and slice length as scenario 1's cycle.
-async fn measured(cycle: &mut LockCycle, plan: &Plan) -> Res<[Measured; 1]> {
-    let out = measure_cycles(&mut [cycle], plan.warmup, plan.slice, plan.slices).await?;
-    <[Measured; 1]>::try_from(out)
-        .map_err(|_| "measure_cycles returned the wrong number of results".into())
+fn empty() -> Measured {
+    Measured {
+        latencies: Recorder::new(),
+        busy: Duration::ZERO,
+    }
+}
+
+/// One slice of `cycle` after `warmup`, added to `into`.
+async fn slice(
+    cycle: &mut LockCycle,
+    warmup: Duration,
+    plan: &Plan,
+    into: &mut Measured,
+) -> Res<()> {
+    for m in measure_cycles(&mut [cycle], warmup, plan.slice, 1).await? {
+        into.latencies.merge(&m.latencies);
+        into.busy += m.busy;
+    }
+    Ok(())
 }
