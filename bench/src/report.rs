@@ -1148,6 +1148,66 @@ mod tests {
         assert_eq!(inline("`x**y`"), "<code>x**y</code>");
     }
 
+    /// The committed example report, with `f` applied to its RedLock result.
+    fn example_with(f: impl FnOnce(&mut BackendResult)) -> Results {
+        let json = include_str!("../report/results.json");
+        let mut r: Results = serde_json::from_str(json).expect("results.json parses");
+        f(r.backends
+            .iter_mut()
+            .find(|b| b.id == "redlock")
+            .expect("the example report has RedLock"));
+        r
+    }
+
+    #[test]
+    fn paused_master_row_says_why_it_was_not_run() {
+        let r = example_with(|b| {
+            b.paused_master = Some(PausedMaster::NotRun {
+                reason: "no redis-server".into(),
+            })
+        });
+        let md = markdown(&build(&r));
+        assert!(
+            md.contains("| RedLock, one master paused | not run: no redis-server |"),
+            "{md}"
+        );
+        let redlock = r.backends.iter().find(|b| b.id == "redlock").unwrap();
+        assert!(backend_line(redlock).contains("not run (no redis-server)"));
+    }
+
+    #[test]
+    fn paused_master_row_shows_the_ratio_to_healthy() {
+        let l = |p50_us| crate::stats::Latency {
+            count: 10,
+            p50_us,
+            ..Default::default()
+        };
+        let r = example_with(|b| {
+            b.paused_master = Some(PausedMaster::Measured(Box::new(
+                crate::results::PausedCycles {
+                    masters: 3,
+                    paused: 1,
+                    ttl_ms: 30_000,
+                    master_deadline_ms: 150.0,
+                    healthy: l(400.0),
+                    healthy_per_sec: 2500.0,
+                    paused_cycle: l(300.0),
+                    paused_per_sec: 3333.0,
+                    ratio_p50: 0.75,
+                    majority_down: None,
+                },
+            )))
+        });
+        let blocks = build(&r);
+        let md = markdown(&blocks);
+        assert!(
+            md.contains("| RedLock, one master paused | 300 µs | – | – | 3.3k/s | 0.75× |"),
+            "{md}"
+        );
+        assert!(md.contains("150 ms for this cycle's 30 s lease"), "{md}");
+        assert!(html(&blocks).contains("<td>RedLock, one master paused</td>"));
+    }
+
     #[test]
     fn markdown_tables_pad_short_rows_and_escape_pipes() {
         let md = markdown(&[table(&["a", "b"], vec![vec!["x|y".into()]])]);
