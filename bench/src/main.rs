@@ -1,7 +1,8 @@
 //! `distlock-bench`: the benchmark report. It runs the same scenarios against every backend
 //! whose server answers — uncontended cycles next to the raw-driver floor, independent locks,
-//! one hot lock, wake-up, many held locks — plus a peer crate (`rslock`) on the same Redis, and
-//! writes `report.md`, a self-contained `report.html` with SVG charts, and `results.json`.
+//! one hot lock, wake-up, many held locks — plus a peer crate (`rslock`) on the same Redis and,
+//! for RedLock, the cycle with one of three private masters paused, and writes `report.md`, a
+//! self-contained `report.html` with SVG charts, and `results.json`.
 //!
 //! ```text
 //! distlock-bench [--quick] [--out DIR] [--only memory,redis,...]
@@ -88,7 +89,8 @@ async fn run(cli: Cli) -> Res<()> {
         Plan::full()
     };
     let meta = Meta::collect(&cli, &plan);
-    let progress = Progress::new(cli.kinds.len() * Plan::STEPS_PER_BACKEND + cli.peer as usize);
+    let steps: usize = cli.kinds.iter().map(|&k| Plan::steps(k)).sum();
+    let progress = Progress::new(steps + cli.peer as usize);
 
     let mut backends = Vec::new();
     for &kind in &cli.kinds {
@@ -150,7 +152,7 @@ async fn run_backend(kind: Kind, plan: &Plan, progress: &Progress) -> BackendRes
                 how_to_start: kind.how_to_start(),
             };
             progress.note(&format!("{}: unavailable ({e})", kind.id()));
-            progress.skip(Plan::STEPS_PER_BACKEND);
+            progress.skip(Plan::steps(kind));
             return result;
         }
     };

@@ -4,10 +4,13 @@
 //! two-core machine, so each backend gets roughly a minute: about 8 s of interleaved
 //! uncontended/floor slices, 12 s of independent locks, 9 s of the hot lock, ~8 s of wake-ups
 //! and the many-held-locks hold (whose acquiring and releasing have a budget of 30 s each, for
-//! backends that cannot keep 10,000 locks renewed). The quick mode runs every scenario and the report writer in a
-//! few seconds per backend, in a debug build.
+//! backends that cannot keep 10,000 locks renewed); RedLock adds about 11 s of slices with one of
+//! three private masters paused (each healthy slice after a warm-up). The quick mode runs every
+//! scenario and the report writer in a few seconds per backend, in a debug build.
 
 use std::time::Duration;
+
+use crate::targets::Kind;
 
 /// Durations and sizes of one run.
 #[derive(Debug, Clone)]
@@ -47,7 +50,12 @@ pub(crate) struct Plan {
 impl Plan {
     /// Progress steps per backend: uncontended+floor, one per independent level, one per hot
     /// level, wake-up, many held locks.
-    pub(crate) const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1;
+    const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1;
+
+    /// Progress steps of `kind`: RedLock adds the run with one master paused.
+    pub(crate) fn steps(kind: Kind) -> usize {
+        Self::STEPS_PER_BACKEND + usize::from(kind == Kind::Redlock)
+    }
 
     /// The full run.
     pub(crate) fn full() -> Self {

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::results::{BackendResult, Results, Status, Uncontended};
+use crate::results::{BackendResult, PausedMaster, Results, Status, Uncontended};
 use crate::svg::{self, Series};
 use crate::Res;
 
@@ -66,6 +66,21 @@ pub(crate) fn backend_line(b: &BackendResult) -> String {
             }
             if let Some(w) = &b.wake {
                 let _ = write!(line, ", wake-up p50 {}", us(w.latency.p50_us));
+            }
+            match &b.paused_master {
+                Some(PausedMaster::Measured(p)) => {
+                    let _ = write!(
+                        line,
+                        ", one master paused p50 {} ({} healthy {})",
+                        us(p.paused_cycle.p50_us),
+                        ratio(p.ratio_p50),
+                        us(p.healthy.p50_us)
+                    );
+                }
+                Some(PausedMaster::NotRun { reason }) => {
+                    let _ = write!(line, ", one master paused: not run ({reason})");
+                }
+                None => {}
             }
             if !b.errors.is_empty() {
                 let _ = write!(line, ", {} scenario(s) failed", b.errors.len());
@@ -456,6 +471,7 @@ fn uncontended(r: &Results, doc: &mut Vec<Block>) {
             })
             .collect(),
     ));
+    paused_master(r, doc);
     let cats: Vec<String> = with.iter().map(|b| b.label.clone()).collect();
     let pick = |f: fn(&Uncontended) -> f64| -> Vec<Option<f64>> {
         with.iter().map(|b| b.uncontended.as_ref().map(f)).collect()
@@ -479,6 +495,101 @@ fn uncontended(r: &Results, doc: &mut Vec<Block>) {
         ],
         us,
     )));
+}
+
+/// The RedLock cycle with one of three private masters paused, next to the same cycle on the
+/// same servers healthy.
+fn paused_master(r: &Results, doc: &mut Vec<Block>) {
+    const CASE: &str = "RedLock, one master paused";
+    let Some(b) = r.backends.iter().find(|b| b.id == "redlock") else {
+        return;
+    };
+    let head = [
+        "Case",
+        "Cycle p50",
+        "p99",
+        "p99.9",
+        "Cycles/s",
+        "÷ healthy (p50)",
+    ];
+    let not_run = |why: String| table(&head, vec![vec![CASE.into(), format!("not run: {why}")]]);
+    let p = match &b.paused_master {
+        Some(PausedMaster::Measured(p)) => p,
+        Some(PausedMaster::NotRun { reason }) => {
+            doc.push(not_run(reason.clone()));
+            return;
+        }
+        None => {
+            let why = match b.errors.iter().find(|e| e.scenario == "paused-master") {
+                Some(e) => format!("failed: {}", e.error),
+                None if !b.available() => "the RedLock backend is unavailable".into(),
+                None => "no result".into(),
+            };
+            doc.push(not_run(why));
+            return;
+        }
+    };
+    doc.push(Block::P(format!(
+        "**{CASE}.** The `lock(name, wait)` + `release()` cycle of the RedLock row above, on \
+         {} private redis-servers the benchmark starts on free loopback ports (the shared ones \
+         are never paused), in slices alternating between all healthy and {} of them stopped \
+         (`SIGSTOP`: connected, silent). A round ends as soon as a majority has answered, so the live \
+         masters decide it; a round that misses the majority waits for the silent master at \
+         most the per-master deadline after the first answer, {} for this cycle's {} lease. \
+         ÷ healthy compares the medians of the two measurements.",
+        p.masters,
+        p.paused,
+        us(p.master_deadline_ms * 1000.0),
+        secs(p.ttl_ms)
+    )));
+    let row = |case: String, l: &crate::stats::Latency, per_sec: f64, vs: String| {
+        vec![
+            case,
+            us(l.p50_us),
+            us(l.p99_us),
+            us(l.p999_us),
+            rate(per_sec),
+            vs,
+        ]
+    };
+    doc.push(table(
+        &head,
+        vec![
+            row(
+                format!("RedLock, healthy ({} private masters)", p.masters),
+                &p.healthy,
+                p.healthy_per_sec,
+                "–".into(),
+            ),
+            row(
+                CASE.into(),
+                &p.paused_cycle,
+                p.paused_per_sec,
+                ratio(p.ratio_p50),
+            ),
+        ],
+    ));
+    if let Some(m) = &p.majority_down {
+        doc.push(Block::List(vec![format!(
+            "**With a majority paused** (a second master stopped too), `try_lock` on a free \
+             name was refused after {} (median of {}, max {}) with a{} `{}` error: {}",
+            us(m.refused_after.p50_us),
+            m.refused_after.count,
+            us(m.refused_after.max_us),
+            if m.temporary {
+                " temporary"
+            } else {
+                " **permanent**"
+            },
+            m.kind,
+            m.error
+        )]));
+    }
+}
+
+/// Milliseconds as seconds, without decimals that say nothing.
+fn secs(ms: u64) -> String {
+    format!("{} s", ms as f64 / 1000.0)
 }
 
 fn independent(r: &Results, doc: &mut Vec<Block>) {
@@ -1035,6 +1146,66 @@ mod tests {
             "run <code>a&lt;b</code> <strong>now</strong>"
         );
         assert_eq!(inline("`x**y`"), "<code>x**y</code>");
+    }
+
+    /// The committed example report, with `f` applied to its RedLock result.
+    fn example_with(f: impl FnOnce(&mut BackendResult)) -> Results {
+        let json = include_str!("../report/results.json");
+        let mut r: Results = serde_json::from_str(json).expect("results.json parses");
+        f(r.backends
+            .iter_mut()
+            .find(|b| b.id == "redlock")
+            .expect("the example report has RedLock"));
+        r
+    }
+
+    #[test]
+    fn paused_master_row_says_why_it_was_not_run() {
+        let r = example_with(|b| {
+            b.paused_master = Some(PausedMaster::NotRun {
+                reason: "no redis-server".into(),
+            })
+        });
+        let md = markdown(&build(&r));
+        assert!(
+            md.contains("| RedLock, one master paused | not run: no redis-server |"),
+            "{md}"
+        );
+        let redlock = r.backends.iter().find(|b| b.id == "redlock").unwrap();
+        assert!(backend_line(redlock).contains("not run (no redis-server)"));
+    }
+
+    #[test]
+    fn paused_master_row_shows_the_ratio_to_healthy() {
+        let l = |p50_us| crate::stats::Latency {
+            count: 10,
+            p50_us,
+            ..Default::default()
+        };
+        let r = example_with(|b| {
+            b.paused_master = Some(PausedMaster::Measured(Box::new(
+                crate::results::PausedCycles {
+                    masters: 3,
+                    paused: 1,
+                    ttl_ms: 30_000,
+                    master_deadline_ms: 150.0,
+                    healthy: l(400.0),
+                    healthy_per_sec: 2500.0,
+                    paused_cycle: l(300.0),
+                    paused_per_sec: 3333.0,
+                    ratio_p50: 0.75,
+                    majority_down: None,
+                },
+            )))
+        });
+        let blocks = build(&r);
+        let md = markdown(&blocks);
+        assert!(
+            md.contains("| RedLock, one master paused | 300 µs | – | – | 3.3k/s | 0.75× |"),
+            "{md}"
+        );
+        assert!(md.contains("150 ms for this cycle's 30 s lease"), "{md}");
+        assert!(html(&blocks).contains("<td>RedLock, one master paused</td>"));
     }
 
     #[test]

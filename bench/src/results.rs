@@ -96,6 +96,10 @@ pub(crate) struct BackendResult {
     pub(crate) hot: Vec<HotLevel>,
     pub(crate) wake: Option<Wake>,
     pub(crate) many: Option<ManyHeld>,
+    /// RedLock only: the uncontended cycle with one of three private masters paused. `None`
+    /// for the other backends and in reports from before it was measured.
+    #[serde(default)]
+    pub(crate) paused_master: Option<PausedMaster>,
     /// Scenarios that failed, with their error; the others still ran.
     pub(crate) errors: Vec<ScenarioError>,
     /// Wall time spent on this backend, seconds.
@@ -114,6 +118,7 @@ impl BackendResult {
             hot: Vec::new(),
             wake: None,
             many: None,
+            paused_master: None,
             errors: Vec::new(),
             took_s: 0.0,
         }
@@ -264,6 +269,53 @@ pub(crate) struct ManyHeld {
     pub(crate) first_renew_error: Option<String>,
     /// Guards that reported lost during the hold: must be 0.
     pub(crate) lost: usize,
+}
+
+/// RedLock's uncontended cycle (`lock` + `release`, as in [`Uncontended::cycle`]) on three
+/// private redis-servers the benchmark starts itself, in slices alternating between healthy and
+/// one of them stopped (`SIGSTOP`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum PausedMaster {
+    /// The private servers could not be started (no `redis-server`, say); nothing measured.
+    NotRun {
+        reason: String,
+    },
+    Measured(Box<PausedCycles>),
+}
+
+/// What [`PausedMaster::Measured`] measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PausedCycles {
+    pub(crate) masters: usize,
+    /// Masters stopped during the second measurement.
+    pub(crate) paused: usize,
+    /// The lease of each cycle's grant, ms.
+    pub(crate) ttl_ms: u64,
+    /// How long a round waits for a master that has not answered, after the first answer
+    /// (`distlock_redis::master_deadline` of the TTL), ms.
+    pub(crate) master_deadline_ms: f64,
+    pub(crate) healthy: Latency,
+    pub(crate) healthy_per_sec: f64,
+    pub(crate) paused_cycle: Latency,
+    pub(crate) paused_per_sec: f64,
+    /// Median paused cycle ÷ median healthy cycle.
+    pub(crate) ratio_p50: f64,
+    /// Then with a second master paused too (a majority down): `try_lock` refused.
+    #[serde(default)]
+    pub(crate) majority_down: Option<MajorityDown>,
+}
+
+/// `try_lock` on a free name with a majority of the masters paused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct MajorityDown {
+    /// From calling `try_lock` to its error.
+    pub(crate) refused_after: Latency,
+    /// The last refusal, as displayed.
+    pub(crate) error: String,
+    /// Its kind (`unavailable` expected) and whether it is temporary (worth retrying).
+    pub(crate) kind: String,
+    pub(crate) temporary: bool,
 }
 
 /// Scenario 7: another crate on the same server, measured in alternating slices with ours.

@@ -5,6 +5,7 @@
 mod hot;
 mod independent;
 mod many;
+mod paused;
 mod uncontended;
 mod wake;
 
@@ -17,9 +18,10 @@ use distlock_api::{Blocking, LockExt, LockOptions, SharedLock};
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::results::{BackendResult, ScenarioError};
-use crate::targets::Target;
+use crate::targets::{Kind, Target};
 use crate::Res;
 
+use uncontended::LockCycle;
 pub(crate) use uncontended::{measure_cycles, Cycle, Measured};
 
 /// How long acquires in the scenarios may wait: far beyond any hand-off, so a timeout means a
@@ -35,7 +37,8 @@ fn bound(plan: &Plan) -> Duration {
     }
 }
 
-/// Runs scenarios 1–6 on `target`, filling `result`.
+/// Runs scenarios 1–6 on `target`, filling `result`; on RedLock also the cycle with one of
+/// three private masters paused.
 pub(crate) async fn run_all(
     target: &dyn Target,
     plan: &Plan,
@@ -93,6 +96,17 @@ pub(crate) async fn run_all(
         Err(e) => fail(result, "many", e),
     }
     progress.step();
+
+    // Last, so that what the thawed master does with its backlog cannot touch the scenarios
+    // above; its servers are private, so it does not touch `target` either.
+    if target.kind() == Kind::Redlock {
+        progress.stage(id, "one of three private masters paused");
+        match bounded(limit, paused::run(plan)).await {
+            Ok(p) => result.paused_master = Some(p),
+            Err(e) => fail(result, "paused-master", e),
+        }
+        progress.step();
+    }
 }
 
 fn fail(result: &mut BackendResult, scenario: &str, error: crate::BoxError) {

@@ -79,10 +79,11 @@ async fn run_for(
     }
 }
 
-struct LockCycle {
-    lock: SharedLock,
-    name: String,
-    opts: LockOptions,
+/// What applications call: `lock(name, wait)` + `release()`.
+pub(super) struct LockCycle {
+    pub(super) lock: SharedLock,
+    pub(super) name: String,
+    pub(super) opts: LockOptions,
 }
 
 #[async_trait]

@@ -6,6 +6,7 @@ mod etcd;
 mod memory;
 mod mongo;
 mod mysql;
+mod private;
 mod redis;
 mod zk;
 
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Res;
 
+pub(crate) use self::private::PrivateRedis;
 pub(crate) use self::redis::redlock_urls;
 
 /// The longest a backend may take to connect before the report calls it unavailable. Backends
