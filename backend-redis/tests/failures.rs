@@ -46,7 +46,7 @@ async fn restart_without_persistence_loses_locks_and_restarts_tokens_but_the_cli
     if skipped() {
         return;
     }
-    let mut server = PrivateRedis::start(20630);
+    let mut server = PrivateRedis::start_free();
     let config = RedisConfig::from_url(&server.url()).unwrap();
     let locks = Arc::new(RedisLock::connect(config).await.unwrap());
     let mut last = 0;
@@ -86,7 +86,7 @@ async fn waiter_is_woken_when_the_pubsub_connection_drops() {
     if skipped() {
         return;
     }
-    let mut server = PrivateRedis::start(20631);
+    let mut server = PrivateRedis::start_free();
     let connect = || async {
         let config = RedisConfig::from_url(&server.url()).unwrap();
         Arc::new(RedisLock::connect(config).await.unwrap())
@@ -135,9 +135,9 @@ async fn redlock_works_with_one_master_down_and_is_unavailable_with_two() {
         return;
     }
     let (mut a, b, mut c) = (
-        PrivateRedis::start(20632),
-        PrivateRedis::start(20633),
-        PrivateRedis::start(20634),
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
     );
     a.stop();
     // One of three down at start-up: still a majority.
@@ -162,9 +162,9 @@ async fn redlock_tokens_increase_across_different_majorities() {
         return;
     }
     let (mut a, b, mut c) = (
-        PrivateRedis::start(20635),
-        PrivateRedis::start(20636),
-        PrivateRedis::start(20637),
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
     );
     let locks = redlock(&[&a, &b, &c]).await.unwrap();
     let name = LockName::new("fence").unwrap();
@@ -225,7 +225,7 @@ async fn paused_server_makes_the_holder_report_lost_before_its_lease_ends_on_the
     if skipped() {
         return;
     }
-    let server = PrivateRedis::start(20638);
+    let server = PrivateRedis::start_free();
     let ttl = Duration::from_millis(1500);
     let config = RedisConfig::from_url(&server.url())
         .unwrap()
