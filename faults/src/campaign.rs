@@ -1,0 +1,341 @@
+//! The campaign: every applicable scenario × backend cell, some runs each, and the report.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::matrix::{Backend, Scenario, BACKENDS, SCENARIOS};
+use crate::run::{self, Knobs, RunResult};
+
+/// The command line.
+pub(crate) const USAGE: &str = "usage: distlock-faults [--quick] [--backend B[,B..]] \
+    [--scenario S[,S..]] [--runs N] [--out DIR]\n  backends: redis redlock mysql mongo zk etcd \
+    memory\n  scenarios: baseline shared-handle holder-kill holder-pause cancel-storm \
+    lease-shrink oob-delete lost-replies client-cut server-pause server-restart";
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    quick: bool,
+    backends: Vec<Backend>,
+    scenarios: Vec<Scenario>,
+    runs: usize,
+    out: PathBuf,
+}
+
+impl Options {
+    /// Parses the arguments (bad ones are an error before anything runs).
+    pub(crate) fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Options {
+            quick: false,
+            backends: BACKENDS.to_vec(),
+            scenarios: SCENARIOS.to_vec(),
+            runs: 0,
+            out: PathBuf::from("faults"),
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || it.next().cloned().ok_or(format!("{a} needs a value"));
+            match a.as_str() {
+                "--quick" => o.quick = true,
+                "--backend" => {
+                    let v = value()?;
+                    o.backends = v
+                        .split(',')
+                        .map(|k| {
+                            BACKENDS
+                                .iter()
+                                .copied()
+                                .find(|b| b.key == k)
+                                .ok_or(format!("unknown backend {k:?}"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                "--scenario" => {
+                    let v = value()?;
+                    o.scenarios = v
+                        .split(',')
+                        .map(|k| Scenario::parse(k).ok_or(format!("unknown scenario {k:?}")))
+                        .collect::<Result<_, _>>()?;
+                }
+                "--runs" => {
+                    let v = value()?;
+                    o.runs = v
+                        .parse()
+                        .ok()
+                        .filter(|&n| (1..=1000).contains(&n))
+                        .ok_or(format!("--runs takes 1..=1000, not {v:?}"))?;
+                }
+                "--out" => o.out = PathBuf::from(value()?),
+                "-h" | "--help" => return Err("help".into()),
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        if o.runs == 0 {
+            o.runs = if o.quick { 1 } else { 10 };
+        }
+        Ok(o)
+    }
+}
+
+/// One cell of the report.
+#[derive(Clone, Debug, Serialize)]
+struct CellResult {
+    scenario: &'static str,
+    backend: &'static str,
+    /// `ran`, or `not applicable: <why>`.
+    status: String,
+    runs: usize,
+    ops: usize,
+    grants: usize,
+    violations: usize,
+    expected_overlaps: usize,
+    fenced_off: usize,
+    late_writes: usize,
+    unfenced_lost_updates: u64,
+    recover_ms: Option<f64>,
+    unrecovered: usize,
+    residue: usize,
+    errors: usize,
+    wall_s: f64,
+    details: Vec<RunResult>,
+}
+
+/// Runs the campaign and writes the report; `Ok(false)` if any cell found a violation, residue
+/// or a failed run.
+pub(crate) async fn run(o: Options) -> Result<bool, String> {
+    let started = Instant::now();
+    let knobs = Knobs {
+        procs: 3,
+        base: if o.quick {
+            Duration::from_secs(3)
+        } else {
+            Duration::from_secs(5)
+        },
+    };
+    let scratch = std::env::temp_dir().join(format!("distlock-faults-{}", std::process::id()));
+    let mut cells = Vec::new();
+    let mut clean = true;
+    for &scenario in &o.scenarios {
+        for backend in &o.backends {
+            let mut cell = CellResult {
+                scenario: scenario.key(),
+                backend: backend.key,
+                status: "ran".into(),
+                runs: 0,
+                ops: 0,
+                grants: 0,
+                violations: 0,
+                expected_overlaps: 0,
+                fenced_off: 0,
+                late_writes: 0,
+                unfenced_lost_updates: 0,
+                recover_ms: None,
+                unrecovered: 0,
+                residue: 0,
+                errors: 0,
+                wall_s: 0.0,
+                details: Vec::new(),
+            };
+            if let Err(why) = scenario.applies(backend) {
+                cell.status = format!("not applicable: {why}");
+                eprintln!("{:<15} {:<8} not applicable", scenario.key(), backend.key);
+                cells.push(cell);
+                continue;
+            }
+            for i in 0..o.runs {
+                let dir = scratch.join(format!("{}-{}-{i}", scenario.key(), backend.key));
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                let r = run::run(backend, scenario, knobs, i, &dir).await;
+                let c = &r.checked;
+                cell.runs += 1;
+                cell.ops += c.ops;
+                cell.grants += c.grants;
+                cell.violations += c.violations.len();
+                cell.expected_overlaps += c.expected_overlaps;
+                cell.fenced_off += c.fenced_off;
+                cell.late_writes += c.late_writes;
+                cell.unfenced_lost_updates += c.unfenced_lost_updates;
+                cell.unrecovered += c.unrecovered;
+                if let Some(ms) = c.recover_ms {
+                    cell.recover_ms = Some(cell.recover_ms.map_or(ms, |m: f64| m.max(ms)));
+                }
+                cell.residue += r.residue.len();
+                cell.errors += usize::from(r.error.is_some());
+                cell.wall_s += r.wall_s;
+                eprintln!(
+                    "{:<15} {:<8} run {}: {} grants, {} violations, {} fenced off, {} residue{} \
+                     ({:.1} s)",
+                    scenario.key(),
+                    backend.key,
+                    i + 1,
+                    c.grants,
+                    c.violations.len(),
+                    c.fenced_off,
+                    r.residue.len(),
+                    r.error
+                        .as_ref()
+                        .map(|e| format!(", error: {e}"))
+                        .unwrap_or_default(),
+                    r.wall_s
+                );
+                for v in &c.violations {
+                    eprintln!("VIOLATION {v}");
+                }
+                for left in &r.residue {
+                    eprintln!("RESIDUE {left}");
+                }
+                if c.grants > 0 || r.error.is_some() {
+                    // Histories of clean runs are not kept.
+                    if c.violations.is_empty() && r.error.is_none() {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                }
+                cell.details.push(r);
+            }
+            if cell.violations > 0 || cell.residue > 0 || cell.errors > 0 || cell.grants == 0 {
+                clean = false;
+            }
+            cells.push(cell);
+        }
+    }
+    let wall = started.elapsed();
+    write_report(&o, &cells, wall)?;
+    if clean {
+        let _ = std::fs::remove_dir_all(&scratch);
+    } else {
+        eprintln!("histories of failed runs kept under {}", scratch.display());
+    }
+    eprintln!(
+        "fault campaign: {} cells in {:.0} s: {}",
+        cells.len(),
+        wall.as_secs_f64(),
+        if clean { "clean" } else { "FAILED" }
+    );
+    Ok(clean)
+}
+
+fn write_report(o: &Options, cells: &[CellResult], wall: Duration) -> Result<(), String> {
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let json = serde_json::json!({
+        "mode": if o.quick { "quick" } else { "full" },
+        "runs_per_cell": o.runs,
+        "wall_s": wall.as_secs_f64(),
+        "cells": cells,
+    });
+    let path = o.out.join("results.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
+
+    let mut md = String::new();
+    let command = std::env::var("DISTLOCK_FAULTS_COMMAND").unwrap_or_else(|_| "scripts/faults".into());
+    let _ = writeln!(md, "# Fault campaign report\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{command}` ({} mode, {} run(s) per cell, {} client processes × 3–4 tasks, \
+         2 lock names per run). Total wall time: **{:.0} s**.\n",
+        if o.quick { "quick" } else { "full" },
+        o.runs,
+        3,
+        wall.as_secs_f64()
+    );
+    let _ = writeln!(
+        md,
+        "Checks: (1) no two grants' believed intervals overlap for a name; (2) tokens of \
+         believed grants strictly increase; (3) the read-sleep-write counter is exact; (4) no \
+         residue on the server once the leases ran out. *Fenced off* counts writes the token \
+         register refused (a stale holder's); *recover* is the longest time from a fault's end \
+         to the next grant.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | backend | runs | ops | grants | violations | fenced off | recover (ms) | residue | notes |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for c in cells.iter().filter(|c| c.status == "ran") {
+        let mut notes = Vec::new();
+        if c.errors > 0 {
+            notes.push(format!("{} run(s) failed", c.errors));
+        }
+        if c.expected_overlaps > 0 {
+            notes.push(format!(
+                "{} overlap(s) right after an out-of-band delete (expected; fenced)",
+                c.expected_overlaps
+            ));
+        }
+        if c.late_writes > 0 {
+            notes.push(format!("{} write(s) by a stopped holder landed late", c.late_writes));
+        }
+        if c.unfenced_lost_updates > 0 {
+            notes.push(format!(
+                "{} unfenced counter update(s) lost to a stopped holder",
+                c.unfenced_lost_updates
+            ));
+        }
+        if c.unrecovered > 0 {
+            notes.push(format!("{} fault(s) never recovered from", c.unrecovered));
+        }
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.scenario,
+            c.backend,
+            c.runs,
+            c.ops,
+            c.grants,
+            c.violations,
+            c.fenced_off,
+            c.recover_ms.map_or("–".into(), |m| format!("{m:.0}")),
+            c.residue,
+            notes.join("; ")
+        );
+    }
+    let _ = writeln!(md, "\n## Scenarios\n");
+    for s in SCENARIOS {
+        let _ = writeln!(md, "- `{}`: {}", s.key(), s.what());
+    }
+    let _ = writeln!(md, "\n## Not applicable\n");
+    for c in cells.iter().filter(|c| c.status != "ran") {
+        let _ = writeln!(
+            md,
+            "- `{}` × `{}`: {}",
+            c.scenario,
+            c.backend,
+            c.status.trim_start_matches("not applicable: ")
+        );
+    }
+    let failing: Vec<&CellResult> = cells
+        .iter()
+        .filter(|c| c.violations > 0 || c.residue > 0 || c.errors > 0)
+        .collect();
+    if !failing.is_empty() {
+        let _ = writeln!(md, "\n## Violations, residue and failed runs\n");
+        for c in failing {
+            for (i, r) in c.details.iter().enumerate() {
+                for v in r.checked.violations.iter().take(3) {
+                    let _ = writeln!(md, "`{}` × `{}` run {}:\n```text\n{v}```\n", c.scenario, c.backend, i + 1);
+                }
+                for left in &r.residue {
+                    let _ = writeln!(md, "- `{}` × `{}` run {}: residue: {left}", c.scenario, c.backend, i + 1);
+                }
+                if let Some(e) = &r.error {
+                    let _ = writeln!(md, "- `{}` × `{}` run {}: failed: {e}", c.scenario, c.backend, i + 1);
+                }
+            }
+        }
+    }
+    // What the campaign found in deliberately broken builds is kept by hand next to the report.
+    if let Ok(known) = std::fs::read_to_string(o.out.join("known-defects.md")) {
+        let _ = writeln!(md, "\n{}", known.trim_end());
+    }
+    let path = o.out.join("report.md");
+    std::fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))?;
+    eprintln!("wrote {} and {}", path.display(), o.out.join("results.json").display());
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! The checker: reads a run's merged history and says whether mutual exclusion and fencing held.
+//!
+//! 1. No two grants' *believed* holding intervals — from the grant's completion to the earliest
+//!    of release invoked, guard dropped, `lost()` fired and safe-until — overlap for one name.
+//! 2. Among grants believed for any time at all, tokens strictly increase in grant order.
+//! 3. The counter is exact: every set the resource saw was the value before it plus one.
+//! 4. (The runner's residue check, after the leases ran out.)
+//!
+//! A violation names the offending operations and prints their records.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::clock::ms_between;
+use crate::history::{Fault, OpId, Rec};
+use crate::resource::Cell;
+
+/// What the scenario makes legitimate.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Expect {
+    /// Locks are deleted behind their holders' backs: a holder believes until its next
+    /// renewal, so an overlap that starts after the deletion and ends within `allowance_ns`
+    /// of it is the scenario's point, not the library's fault (the fence must catch it).
+    pub(crate) oob_delete: bool,
+    /// How long after an out-of-band deletion a holder may go on believing.
+    pub(crate) allowance_ns: u64,
+    /// Client processes are stopped: a stopped holder's increment that was under way when
+    /// it stopped lands after its lease — the unfenced counter cannot be protected by any lock,
+    /// so its lost updates are counted, not called violations.
+    pub(crate) client_pause: bool,
+}
+
+/// One grant, with its believed interval.
+#[derive(Clone, Debug)]
+struct Grant {
+    id: OpId,
+    name: String,
+    token: u64,
+    owner: String,
+    start: u64,
+    end: u64,
+    why: String,
+}
+
+/// The verdict on one run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Checked {
+    /// Operations in the history (client records and faults).
+    pub(crate) ops: usize,
+    /// Grants.
+    pub(crate) grants: usize,
+    /// Violations, each with the operations that make it.
+    pub(crate) violations: Vec<String>,
+    /// Overlaps the scenario makes legitimate (out-of-band deletion).
+    pub(crate) expected_overlaps: usize,
+    /// Writes the register refused (a stale holder's).
+    pub(crate) fenced_off: usize,
+    /// Register writes taken although their writer no longer believed it held (only a
+    /// stopped process can do that; the token order decides whether they were harmless).
+    pub(crate) late_writes: usize,
+    /// Lost counter updates the scenario makes legitimate (see [`Expect::client_pause`]).
+    pub(crate) unfenced_lost_updates: u64,
+    /// The longest time from a fault's end to the next grant, in ms; `None` when the run had
+    /// no fault to recover from.
+    pub(crate) recover_ms: Option<f64>,
+    /// Faults after which nothing was granted again.
+    pub(crate) unrecovered: usize,
+    /// Acquires by outcome.
+    pub(crate) outcomes: BTreeMap<String, usize>,
+}
+
+/// Checks a run: the clients' records, the nemesis' faults, the resource's final state, and
+/// when the run ended (the end of belief of a grant whose process never recorded one).
+pub(crate) fn check(
+    recs: &[Rec],
+    faults: &[Fault],
+    resource: &BTreeMap<String, Cell>,
+    run_end: u64,
+    expect: Expect,
+) -> Checked {
+    let mut out = Checked {
+        ops: recs.len() + faults.len(),
+        ..Checked::default()
+    };
+    let mut by_id: HashMap<OpId, Vec<&Rec>> = HashMap::new();
+    for r in recs {
+        by_id.entry(r.id()).or_default().push(r);
+    }
+    let killed: HashMap<u32, u64> = faults
+        .iter()
+        .filter_map(|f| f.killed.map(|pid| (pid, f.at)))
+        .fold(HashMap::new(), |mut m, (pid, at)| {
+            m.entry(pid).and_modify(|t: &mut u64| *t = (*t).min(at)).or_insert(at);
+            m
+        });
+    let mut grants = Vec::new();
+    for r in recs {
+        if let Rec::Acquire { outcome, .. } = r {
+            *out.outcomes.entry(outcome.clone()).or_default() += 1;
+        }
+        let Rec::Acquire {
+            id,
+            name,
+            outcome,
+            complete,
+            token: Some(token),
+            owner,
+            ..
+        } = r
+        else {
+            continue;
+        };
+        if outcome != "granted" {
+            continue;
+        }
+        let ended = by_id[id].iter().find_map(|r| match r {
+            Rec::End { end, why, .. } => Some((*end, why.clone())),
+            _ => None,
+        });
+        let (end, why) = match (ended, killed.get(&id.pid)) {
+            (Some(e), _) => e,
+            (None, Some(&at)) => (at, "process killed".to_string()),
+            (None, None) => (run_end, "no end recorded: the run's end".to_string()),
+        };
+        grants.push(Grant {
+            id: *id,
+            name: name.clone(),
+            token: *token,
+            owner: owner.clone().unwrap_or_default(),
+            start: *complete,
+            end,
+            why,
+        });
+    }
+    out.grants = grants.len();
+
+    let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for g in &grants {
+        by_name.entry(g.name.as_str()).or_default().push(g);
+    }
+    let show = |g: &Grant| -> String {
+        let mut s = format!(
+            "  grant {} owner {} token {} believed {:.1} ms from {} to {} (ended by {})\n",
+            g.id,
+            g.owner,
+            g.token,
+            ms_between(g.start, g.end),
+            g.start,
+            g.end,
+            g.why
+        );
+        for r in by_id.get(&g.id).into_iter().flatten().take(12) {
+            s.push_str("    ");
+            s.push_str(&serde_json::to_string(r).unwrap_or_default());
+            s.push('\n');
+        }
+        s
+    };
+    for (name, gs) in &mut by_name {
+        gs.sort_by_key(|g| (g.start, g.end));
+        // (1) Overlaps: every believed interval against the one reaching furthest before it.
+        let mut furthest: Option<&Grant> = None;
+        let mut overlaps = 0;
+        for g in gs.iter().filter(|g| g.end > g.start) {
+            if let Some(f) = furthest {
+                if g.start < f.end {
+                    let deleted = faults.iter().find(|x| {
+                        x.deleted.as_deref() == Some(*name)
+                            && f.start <= x.at
+                            && x.at <= g.start
+                            && f.end <= x.at + expect.allowance_ns
+                    });
+                    if expect.oob_delete && deleted.is_some() {
+                        out.expected_overlaps += 1;
+                    } else {
+                        overlaps += 1;
+                        if overlaps <= 3 {
+                            out.violations.push(format!(
+                                "mutual exclusion on {name:?}: {} was granted {:.1} ms before {} \
+                                 stopped believing it held\n{}{}",
+                                g.id,
+                                ms_between(g.start, f.end),
+                                f.id,
+                                show(f),
+                                show(g)
+                            ));
+                        }
+                    }
+                }
+                if g.end > f.end {
+                    furthest = Some(g);
+                }
+            } else {
+                furthest = Some(g);
+            }
+        }
+        if overlaps > 3 {
+            out.violations.push(format!(
+                "mutual exclusion on {name:?}: {} more overlaps",
+                overlaps - 3
+            ));
+        }
+        // (2) Tokens.
+        let mut last: Option<&Grant> = None;
+        for g in gs.iter().filter(|g| g.end > g.start) {
+            if let Some(p) = last {
+                if g.token <= p.token {
+                    out.violations.push(format!(
+                        "fencing on {name:?}: {} got token {} after {} had {}\n{}{}",
+                        g.id,
+                        g.token,
+                        p.id,
+                        p.token,
+                        show(p),
+                        show(g)
+                    ));
+                }
+            }
+            last = Some(g);
+        }
+    }
+
+    // (3) The counter, and what the register saw.
+    let mut done: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in recs {
+        if let Rec::Incr { name, outcome, .. } = r {
+            if outcome == "done" {
+                *done.entry(name.as_str()).or_default() += 1;
+            }
+        }
+    }
+    for (name, cell) in resource {
+        out.fenced_off += cell.rejected.len();
+        if cell.lost_updates > 0 || cell.counter != cell.sets {
+            if expect.client_pause {
+                out.unfenced_lost_updates += cell.lost_updates;
+            } else {
+                out.violations.push(format!(
+                    "counter of {name:?}: {} after {} increments ({} lost updates)",
+                    cell.counter, cell.sets, cell.lost_updates
+                ));
+            }
+        }
+        let acked = done.get(name.as_str()).copied().unwrap_or(0);
+        if acked > cell.sets {
+            out.violations.push(format!(
+                "counter of {name:?}: clients saw {acked} increments done, the resource {}",
+                cell.sets
+            ));
+        }
+    }
+    let ends: HashMap<OpId, u64> = grants.iter().map(|g| (g.id, g.end)).collect();
+    out.late_writes = recs
+        .iter()
+        .filter(|r| {
+            matches!(r, Rec::Write { id, invoke, accepted: true, .. }
+                if ends.get(id).is_some_and(|&end| *invoke > end))
+        })
+        .count();
+
+    // Recovery: from each fault's end to the next grant.
+    let mut starts: Vec<u64> = grants.iter().map(|g| g.start).collect();
+    starts.sort_unstable();
+    for f in faults.iter().filter(|f| f.recover_from) {
+        match starts.iter().find(|&&s| s >= f.at) {
+            Some(&s) => {
+                let ms = ms_between(f.at, s);
+                out.recover_ms = Some(out.recover_ms.map_or(ms, |m: f64| m.max(ms)));
+            }
+            None => out.unrecovered += 1,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acquire(pid: u32, seq: u64, token: u64, complete: u64) -> Rec {
+        Rec::Acquire {
+            id: OpId { pid, task: 0, seq },
+            name: "n".into(),
+            how: "try".into(),
+            invoke: complete - 1,
+            complete,
+            outcome: "granted".into(),
+            error: None,
+            token: Some(token),
+            owner: Some(format!("o{pid}")),
+            safe_until: None,
+            ttl_ms: None,
+            shared: false,
+        }
+    }
+
+    fn end(pid: u32, seq: u64, end: u64) -> Rec {
+        Rec::End {
+            id: OpId { pid, task: 0, seq },
+            name: "n".into(),
+            end,
+            why: "release".into(),
+            lost: None,
+        }
+    }
+
+    #[test]
+    fn disjoint_intervals_with_rising_tokens_pass() {
+        let h = [
+            acquire(1, 1, 1, 10),
+            end(1, 1, 20),
+            acquire(2, 1, 2, 21),
+            end(2, 1, 30),
+        ];
+        let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+        assert_eq!((c.grants, c.violations.len()), (2, 0), "{:?}", c.violations);
+    }
+
+    #[test]
+    fn overlapping_beliefs_are_a_violation_that_names_both_grants() {
+        let h = [
+            acquire(1, 1, 1, 10),
+            end(1, 1, 25),
+            acquire(2, 1, 2, 20),
+            end(2, 1, 30),
+        ];
+        let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+        assert_eq!(c.violations.len(), 1);
+        assert!(c.violations[0].contains("1/0/1") && c.violations[0].contains("2/0/1"));
+    }
+
+    #[test]
+    fn falling_tokens_and_lost_updates_are_violations() {
+        let h = [
+            acquire(1, 1, 5, 10),
+            end(1, 1, 20),
+            acquire(2, 1, 4, 21),
+            end(2, 1, 30),
+        ];
+        let cell = Cell {
+            counter: 1,
+            sets: 2,
+            lost_updates: 1,
+            ..Cell::default()
+        };
+        let resource = BTreeMap::from([("n".to_string(), cell)]);
+        let c = check(&h, &[], &resource, 100, Expect::default());
+        assert_eq!(c.violations.len(), 2, "{:?}", c.violations);
+        assert!(c.violations[0].starts_with("fencing"));
+        assert!(c.violations[1].starts_with("counter"));
+    }
+
+    #[test]
+    fn a_killed_holder_believes_until_its_death_and_recovery_is_measured() {
+        let h = [acquire(1, 1, 1, 10), acquire(2, 1, 2, 60), end(2, 1, 70)];
+        let faults = [Fault {
+            at: 50,
+            what: "SIGKILL".into(),
+            killed: Some(1),
+            recover_from: true,
+            deleted: None,
+        }];
+        let c = check(&h, &faults, &BTreeMap::new(), 100, Expect::default());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        assert_eq!(c.recover_ms, Some(10.0 / 1e6));
+        let early = [acquire(1, 1, 1, 10), acquire(2, 1, 2, 40), end(2, 1, 70)];
+        let c = check(&early, &faults, &BTreeMap::new(), 100, Expect::default());
+        assert_eq!(c.violations.len(), 1, "granted while the killed one still believed");
+    }
+}

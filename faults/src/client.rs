@@ -1,0 +1,497 @@
+//! A client process: several tasks, some on one shared client handle and some on handles of
+//! their own, each looping acquire → fenced write → counter increment → hold → release (or
+//! drop, let expire, extend), recording every operation as a JSON line.
+
+use std::fs::File;
+use std::io::{LineWriter, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::{DistributedLock, ErrorKind, LockExt, LockGuard, LockOptions, LostReason};
+use serde::{Deserialize, Serialize};
+
+use crate::clock;
+use crate::history::{OpId, Rec};
+use crate::resource::{Conn, Request};
+
+/// What the runner tells a client process to do.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ClientConfig {
+    /// The lock URL (maybe through proxies).
+    pub(crate) url: String,
+    /// The lock names to contend on.
+    pub(crate) names: Vec<String>,
+    /// Tasks in the process.
+    pub(crate) tasks: u32,
+    /// How many of them share one handle; each of the rest has its own.
+    pub(crate) shared: u32,
+    /// How long to loop, in ms, from when the handles are connected.
+    pub(crate) duration_ms: u64,
+    /// The lease asked for, in ms (per-lock backends; session backends take theirs from the
+    /// URL).
+    pub(crate) ttl_ms: u64,
+    /// Whether leases are per lock (fixed leases and extend are possible).
+    pub(crate) per_lock: bool,
+    /// Drop acquire futures at random points.
+    pub(crate) cancel_storm: bool,
+    /// Extend fixed leases to shorter and longer ones.
+    pub(crate) lease_shrink: bool,
+    /// How long a hold lasts at most, in ms.
+    pub(crate) hold_ms: u64,
+    /// The resource's address.
+    pub(crate) resource: String,
+    /// Where to write the history.
+    pub(crate) out: String,
+    /// The random seed.
+    pub(crate) seed: u64,
+}
+
+type Out = Arc<Mutex<LineWriter<File>>>;
+
+fn record(out: &Out, rec: &Rec) {
+    // A history line that cannot be written makes the run's check wrong, not unsafe: the
+    // runner reports a history it cannot parse.
+    if let Ok(line) = serde_json::to_string(rec) {
+        if let Ok(mut w) = out.lock() {
+            let _ = writeln!(w, "{line}");
+        }
+    }
+}
+
+/// Runs a client process to the end of its duration. Errors are setup errors (cannot connect,
+/// cannot open the history file); the operations' own errors go into the history.
+pub(crate) async fn run(config: ClientConfig) -> Result<(), String> {
+    let out: Out = Arc::new(Mutex::new(LineWriter::new(
+        File::create(&config.out).map_err(|e| format!("cannot create {}: {e}", config.out))?,
+    )));
+    // Pin the Instant/CLOCK_MONOTONIC pair before anything is recorded.
+    let _ = clock::of_instant(Instant::now());
+    let mut handles: Vec<Arc<dyn DistributedLock>> = Vec::new();
+    let own = config.tasks.saturating_sub(config.shared.max(1));
+    for _ in 0..(1 + own) {
+        handles.push(
+            distlock::connect(&config.url)
+                .await
+                .map_err(|e| format!("cannot connect to {}: {e}", config.url))?,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_millis(config.duration_ms);
+    let mut tasks = Vec::new();
+    for task in 0..config.tasks {
+        let shared = task < config.shared.max(1);
+        let handle = if shared {
+            handles[0].clone()
+        } else {
+            handles[(task + 1 - config.shared.max(1)) as usize].clone()
+        };
+        let worker = Worker {
+            config: config.clone(),
+            handle,
+            shared,
+            task,
+            out: out.clone(),
+            rng: fastrand::Rng::with_seed(config.seed ^ (u64::from(task) << 32)),
+        };
+        tasks.push(tokio::spawn(worker.run(deadline)));
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            return Err(format!("a client task failed: {e}"));
+        }
+    }
+    // Let guards dropped at the end hand their releases to the background before exit.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+/// What a holder does with its hold.
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Release,
+    Drop,
+    /// Fixed lease, never released: held until it runs out.
+    Expire,
+    /// Fixed lease, extended to a shorter or longer one.
+    Extend,
+}
+
+struct Worker {
+    config: ClientConfig,
+    handle: Arc<dyn DistributedLock>,
+    shared: bool,
+    task: u32,
+    out: Out,
+    rng: fastrand::Rng,
+}
+
+/// Keeps what a guard's `lost()` said and when, for the end of belief.
+type LostAt = Arc<Mutex<Option<(u64, String)>>>;
+
+/// Whether the holder may still write: not lost, and safe-until far enough ahead that the
+/// write lands before it (a loopback round trip, far less than the margin).
+fn believes(guard: &LockGuard) -> bool {
+    !guard.is_lost()
+        && guard
+            .safe_until()
+            .is_none_or(|s| s > Instant::now() + Duration::from_millis(30))
+}
+
+impl Worker {
+    async fn run(mut self, deadline: Instant) {
+        let pid = std::process::id();
+        let mut conn = match Conn::connect(&self.config.resource).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("client {pid}: cannot reach the resource: {e}");
+                return;
+            }
+        };
+        let mut seq = 0;
+        while Instant::now() < deadline {
+            seq += 1;
+            let id = OpId {
+                pid,
+                task: self.task,
+                seq,
+            };
+            let name = self.config.names[self.rng.usize(..self.config.names.len())].clone();
+            let action = self.pick_action();
+            let ttl = Duration::from_millis(self.config.ttl_ms);
+            let mut options = match action {
+                Action::Expire | Action::Extend => LockOptions::new().ttl(ttl),
+                Action::Release | Action::Drop if self.config.per_lock => {
+                    LockOptions::new().watchdog_ttl(ttl)
+                }
+                _ => LockOptions::new(),
+            };
+            let wait = self.rng.bool();
+            let wait_for = Duration::from_millis(self.rng.u64(20..=2 * self.config.ttl_ms));
+            if wait {
+                options = options.wait(wait_for);
+            }
+            let invoke = clock::now();
+            let attempt = async {
+                if wait {
+                    self.handle.lock_with(&name, &options).await.map(Some)
+                } else {
+                    self.handle.try_lock_with(&name, &options).await
+                }
+            };
+            let result = if self.config.cancel_storm && self.rng.u8(..4) != 0 {
+                // Dropped at a random point: before it is sent, while waiting, or while the
+                // answer is on its way.
+                let cut = Duration::from_micros(self.rng.u64(0..=wait_for.as_micros() as u64));
+                tokio::time::timeout(cut, attempt).await.ok()
+            } else {
+                Some(attempt.await)
+            };
+            let complete = clock::now();
+            let mut rec = Rec::Acquire {
+                id,
+                name: name.clone(),
+                how: if wait { "wait" } else { "try" }.into(),
+                invoke,
+                complete,
+                outcome: String::new(),
+                error: None,
+                token: None,
+                owner: None,
+                safe_until: None,
+                ttl_ms: None,
+                shared: self.shared,
+            };
+            let guard = match result {
+                None => {
+                    set_outcome(&mut rec, "cancelled", None);
+                    None
+                }
+                Some(Ok(None)) => {
+                    set_outcome(&mut rec, "busy", None);
+                    None
+                }
+                Some(Ok(Some(guard))) => {
+                    if let Rec::Acquire {
+                        outcome,
+                        token,
+                        owner,
+                        safe_until,
+                        ttl_ms,
+                        ..
+                    } = &mut rec
+                    {
+                        *outcome = "granted".into();
+                        *token = Some(guard.token().0);
+                        *owner = Some(guard.owner().to_string());
+                        *safe_until = guard.safe_until().map(clock::of_instant);
+                        *ttl_ms = Some(guard.ttl().as_millis() as u64);
+                    }
+                    Some(guard)
+                }
+                Some(Err(e)) if e.kind() == ErrorKind::Timeout => {
+                    set_outcome(&mut rec, "timeout", None);
+                    None
+                }
+                Some(Err(e)) => {
+                    set_outcome(&mut rec, "error", Some(e.to_string()));
+                    None
+                }
+            };
+            record(&self.out, &rec);
+            match guard {
+                Some(guard) => self.hold(id, &name, guard, action, &mut conn).await,
+                None => {
+                    let pause = if matches!(&rec, Rec::Acquire { outcome, .. } if outcome == "error")
+                    {
+                        // An unreachable server: do not spin.
+                        self.rng.u64(50..=150)
+                    } else {
+                        self.rng.u64(1..=20)
+                    };
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            }
+        }
+    }
+
+    fn pick_action(&mut self) -> Action {
+        if !self.config.per_lock {
+            return if self.rng.u8(..4) == 0 {
+                Action::Drop
+            } else {
+                Action::Release
+            };
+        }
+        if self.config.lease_shrink && self.rng.bool() {
+            return Action::Extend;
+        }
+        match self.rng.u8(..10) {
+            0 => Action::Drop,
+            1 => Action::Expire,
+            _ => Action::Release,
+        }
+    }
+
+    async fn hold(
+        &mut self,
+        id: OpId,
+        name: &str,
+        guard: LockGuard,
+        action: Action,
+        conn: &mut Conn,
+    ) {
+        let lost_at: LostAt = Arc::default();
+        {
+            let lost = guard.lost();
+            let lost_at = lost_at.clone();
+            tokio::spawn(async move {
+                let reason = lost.await;
+                if !matches!(reason, LostReason::Released) {
+                    *lost_at.lock().expect("lost_at") = Some((clock::now(), reason.to_string()));
+                }
+            });
+        }
+        self.write(id, name, &guard, conn).await;
+        self.increment(id, name, &guard, conn).await;
+        let hold = Duration::from_millis(self.rng.u64(0..=self.config.hold_ms));
+        match action {
+            Action::Release | Action::Drop => {
+                sleep_or_lost(&guard, hold).await;
+                self.write(id, name, &guard, conn).await;
+                let end = self.end(id, name, &guard, &lost_at, clock::now(), action);
+                if matches!(action, Action::Drop) {
+                    drop(guard);
+                } else {
+                    self.release(id, guard, end).await;
+                }
+            }
+            Action::Expire => {
+                // Held, writing now and then, until the lease runs out.
+                while believes(&guard) {
+                    let step = Duration::from_millis(self.rng.u64(10..=100));
+                    sleep_or_lost(&guard, step).await;
+                    self.write(id, name, &guard, conn).await;
+                }
+                let until = guard.safe_until().unwrap_or_else(Instant::now);
+                tokio::time::sleep_until(until.into()).await;
+                self.end(id, name, &guard, &lost_at, clock::now(), action);
+                drop(guard);
+            }
+            Action::Extend => {
+                sleep_or_lost(&guard, hold / 2).await;
+                let base = self.config.ttl_ms;
+                let ttl_ms = if self.rng.bool() {
+                    self.rng.u64(base / 4..=base / 2).max(1)
+                } else {
+                    self.rng.u64(base..=2 * base)
+                };
+                let invoke = clock::now();
+                let extended = guard.extend(Duration::from_millis(ttl_ms)).await;
+                record(
+                    &self.out,
+                    &Rec::Extend {
+                        id,
+                        ttl_ms,
+                        invoke,
+                        complete: clock::now(),
+                        ok: extended.is_ok(),
+                        error: extended.err().map(|e| e.to_string()),
+                        safe_until: guard.safe_until().map(clock::of_instant),
+                    },
+                );
+                self.write(id, name, &guard, conn).await;
+                // Past the shortened lease if it was shortened: the guard must say so.
+                let rest = Duration::from_millis(self.rng.u64(0..=ttl_ms));
+                sleep_or_lost(&guard, rest).await;
+                self.write(id, name, &guard, conn).await;
+                let end = self.end(id, name, &guard, &lost_at, clock::now(), action);
+                self.release(id, guard, end).await;
+            }
+        }
+    }
+
+    /// Records the end of belief: the earliest of `now` (release or drop), `lost()` and
+    /// safe-until.
+    fn end(
+        &self,
+        id: OpId,
+        name: &str,
+        guard: &LockGuard,
+        lost_at: &LostAt,
+        now: u64,
+        action: Action,
+    ) -> u64 {
+        let mut end = now;
+        let mut why = match action {
+            Action::Drop => "drop",
+            _ => "release",
+        };
+        let lost = lost_at.lock().expect("lost_at").clone();
+        let mut lost_reason = lost.as_ref().map(|l| l.1.clone());
+        if let Some((at, _)) = lost {
+            if at < end {
+                end = at;
+                why = "lost";
+            }
+        } else if let Some(reason) = guard.lost_reason() {
+            // Fired, and the watcher has not run yet.
+            lost_reason = Some(reason.to_string());
+            let at = clock::now();
+            if at < end {
+                end = at;
+                why = "lost";
+            }
+        }
+        if let Some(until) = guard.safe_until().map(clock::of_instant) {
+            if until < end {
+                end = until;
+                why = "safe_until";
+            }
+        }
+        record(
+            &self.out,
+            &Rec::End {
+                id,
+                name: name.to_string(),
+                end,
+                why: why.into(),
+                lost: lost_reason,
+            },
+        );
+        end
+    }
+
+    async fn release(&self, id: OpId, guard: LockGuard, _end: u64) {
+        let invoke = clock::now();
+        let result = match guard.release().await {
+            Ok(true) => "held".to_string(),
+            Ok(false) => "not_held".to_string(),
+            Err(e) => e.to_string(),
+        };
+        record(
+            &self.out,
+            &Rec::Release {
+                id,
+                invoke,
+                complete: clock::now(),
+                result,
+            },
+        );
+    }
+
+    async fn write(&self, id: OpId, name: &str, guard: &LockGuard, conn: &mut Conn) {
+        if !believes(guard) {
+            return;
+        }
+        let token = guard.token().0;
+        let invoke = clock::now();
+        let answer = conn
+            .call(&Request::Fence {
+                name: name.to_string(),
+                token,
+                pid: id.pid,
+            })
+            .await;
+        record(
+            &self.out,
+            &Rec::Write {
+                id,
+                name: name.to_string(),
+                token,
+                invoke,
+                complete: clock::now(),
+                accepted: answer.map(|a| a.accepted).unwrap_or(false),
+            },
+        );
+    }
+
+    async fn increment(&mut self, id: OpId, name: &str, guard: &LockGuard, conn: &mut Conn) {
+        if !believes(guard) {
+            return;
+        }
+        let invoke = clock::now();
+        let outcome = async {
+            let read = conn
+                .call(&Request::Read {
+                    name: name.to_string(),
+                })
+                .await?;
+            // The window a second holder's update falls into.
+            tokio::time::sleep(Duration::from_millis(self.rng.u64(1..=5))).await;
+            if !believes(guard) {
+                return Ok::<_, std::io::Error>("aborted");
+            }
+            conn.call(&Request::Set {
+                name: name.to_string(),
+                value: read.value + 1,
+            })
+            .await?;
+            Ok("done")
+        }
+        .await;
+        record(
+            &self.out,
+            &Rec::Incr {
+                id,
+                name: name.to_string(),
+                invoke,
+                complete: clock::now(),
+                outcome: outcome.unwrap_or("error").into(),
+            },
+        );
+    }
+}
+
+fn set_outcome(rec: &mut Rec, what: &str, why: Option<String>) {
+    if let Rec::Acquire { outcome, error, .. } = rec {
+        *outcome = what.into();
+        *error = why;
+    }
+}
+
+/// Sleeps `d`, or less if the guard is lost first.
+async fn sleep_or_lost(guard: &LockGuard, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = guard.lost() => {}
+    }
+}

@@ -1,0 +1,154 @@
+//! What a run records: the operations of the client processes (one JSON line each, written as
+//! they complete) and the nemesis' faults, all timestamped on CLOCK_MONOTONIC.
+
+use serde::{Deserialize, Serialize};
+
+/// Which acquisition of which task of which process: the key of a grant in the history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct OpId {
+    /// The client process.
+    pub(crate) pid: u32,
+    /// The task within it.
+    pub(crate) task: u32,
+    /// The task's acquisition counter.
+    pub(crate) seq: u64,
+}
+
+impl std::fmt::Display for OpId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.pid, self.task, self.seq)
+    }
+}
+
+/// One line of a client's history.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub(crate) enum Rec {
+    /// An acquire, granted or not.
+    Acquire {
+        /// The acquisition.
+        id: OpId,
+        /// The lock name.
+        name: String,
+        /// `try` or `wait`.
+        how: String,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// `granted`, `busy`, `timeout`, `cancelled` or `error`.
+        outcome: String,
+        /// The error, for `error`.
+        error: Option<String>,
+        /// The grant's token.
+        token: Option<u64>,
+        /// The grant's owner id, as the server stores it.
+        owner: Option<String>,
+        /// The guard's safe-until at the grant.
+        safe_until: Option<u64>,
+        /// The lease the server granted, in ms.
+        ttl_ms: Option<u64>,
+        /// Whether the task's handle is shared with other tasks of the process.
+        shared: bool,
+    },
+    /// The end of a grant's believed holding: the earliest of release invoked, the guard
+    /// dropped, `lost()` fired and safe-until.
+    End {
+        /// The acquisition.
+        id: OpId,
+        /// The lock name.
+        name: String,
+        /// The end of belief.
+        end: u64,
+        /// What ended it: `release`, `drop`, `lost`, `safe_until`.
+        why: String,
+        /// Why `lost()` fired, if it did.
+        lost: Option<String>,
+    },
+    /// A release's answer.
+    Release {
+        /// The acquisition.
+        id: OpId,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// `held`, `not_held` or the error.
+        result: String,
+    },
+    /// A fenced write to the resource's register.
+    Write {
+        /// The acquisition.
+        id: OpId,
+        /// The lock name.
+        name: String,
+        /// The token written with.
+        token: u64,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// Whether the register took it.
+        accepted: bool,
+    },
+    /// A read-sleep-write increment of the resource's counter.
+    Incr {
+        /// The acquisition.
+        id: OpId,
+        /// The lock name.
+        name: String,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// `done`, `aborted` (belief ended between read and write) or `error`.
+        outcome: String,
+    },
+    /// A lease extension.
+    Extend {
+        /// The acquisition.
+        id: OpId,
+        /// The lease asked for.
+        ttl_ms: u64,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// Whether it took.
+        ok: bool,
+        /// The error, if it did not.
+        error: Option<String>,
+        /// The guard's safe-until after it.
+        safe_until: Option<u64>,
+    },
+}
+
+impl Rec {
+    /// The acquisition the record belongs to.
+    pub(crate) fn id(&self) -> OpId {
+        match self {
+            Rec::Acquire { id, .. }
+            | Rec::End { id, .. }
+            | Rec::Release { id, .. }
+            | Rec::Write { id, .. }
+            | Rec::Incr { id, .. }
+            | Rec::Extend { id, .. } => *id,
+        }
+    }
+}
+
+/// A fault the nemesis injected or undid.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Fault {
+    /// When.
+    pub(crate) at: u64,
+    /// What, in words (`SIGKILL client 1234`, `SIGCONT redis-server`).
+    pub(crate) what: String,
+    /// The client process it hit, if any: a killed process believes nothing after `at`.
+    pub(crate) killed: Option<u32>,
+    /// Whether the system should recover from here: the time to the next grant is measured
+    /// from it.
+    pub(crate) recover_from: bool,
+    /// An out-of-band deletion of this lock name.
+    pub(crate) deleted: Option<String>,
+}

@@ -1,0 +1,543 @@
+//! One run of one scenario on one backend: the runner starts the resource (and a private server
+//! or proxies where the scenario needs them), spawns the client processes, plays the nemesis,
+//! undoes every fault, waits for the leases to run out, looks for residue and checks the
+//! history.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock::LockName;
+use distlock_conformance::{hosts_of, reroute, Proxy};
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+use crate::checker::{self, Checked, Expect};
+use crate::client::ClientConfig;
+use crate::clock;
+use crate::history::{Fault, Rec};
+use crate::matrix::{Backend, Scenario};
+use crate::resource::Resource;
+use crate::servers::{Kind, Private};
+
+/// Knobs of a run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Knobs {
+    /// Client processes.
+    pub(crate) procs: usize,
+    /// How long the clients loop when nothing is faulted.
+    pub(crate) base: Duration,
+}
+
+/// What one run gave.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct RunResult {
+    /// The checker's verdict.
+    pub(crate) checked: Checked,
+    /// What was left on the server after the leases ran out.
+    pub(crate) residue: Vec<String>,
+    /// The faults injected.
+    pub(crate) faults: Vec<String>,
+    /// A setup failure (server unreachable, client died): the run proves nothing.
+    pub(crate) error: Option<String>,
+    /// Wall time of the run, in seconds.
+    pub(crate) wall_s: f64,
+}
+
+/// Where a client process's connection goes: the proxies of one client, one per server.
+struct Route {
+    proxies: Vec<Proxy>,
+}
+
+struct Clients {
+    children: Vec<(u32, Child)>,
+}
+
+/// Runs `scenario` on `backend` once.
+pub(crate) async fn run(
+    backend: &Backend,
+    scenario: Scenario,
+    knobs: Knobs,
+    index: usize,
+    dir: &Path,
+) -> RunResult {
+    let started = Instant::now();
+    let mut result = match run_inner(backend, scenario, knobs, index, dir).await {
+        Ok(r) => r,
+        Err(e) => RunResult {
+            error: Some(e),
+            ..RunResult::default()
+        },
+    };
+    result.wall_s = started.elapsed().as_secs_f64();
+    result
+}
+
+async fn run_inner(
+    backend: &Backend,
+    scenario: Scenario,
+    knobs: Knobs,
+    index: usize,
+    dir: &Path,
+) -> Result<RunResult, String> {
+    let ttl = backend.ttl();
+    let mut server = match scenario {
+        Scenario::ServerPause | Scenario::ServerRestart => Some(
+            Private::start(match backend.key {
+                "redis" => Kind::Redis,
+                _ => Kind::Etcd,
+            })
+            .await?,
+        ),
+        _ => None,
+    };
+    let base_url =
+        backend.with_session(&server.as_ref().map_or_else(|| backend.shared_url(), |s| s.url()));
+    let resource = Resource::start()
+        .await
+        .map_err(|e| format!("cannot start the resource: {e}"))?;
+    let names: Vec<String> = (0..2)
+        .map(|i| {
+            format!(
+                "faults-{}-{}-{index}-{:08x}-{i}",
+                scenario.key(),
+                std::process::id(),
+                fastrand::u32(..)
+            )
+        })
+        .collect();
+    let proxied = matches!(scenario, Scenario::LostReplies | Scenario::ClientCut);
+    let run_for = match scenario {
+        Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => knobs.base,
+        Scenario::LeaseShrink | Scenario::OobDelete => knobs.base + ttl,
+        Scenario::HolderKill | Scenario::HolderPause => knobs.base + ttl * 3,
+        Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
+        Scenario::ServerPause => knobs.base + ttl * 4,
+        Scenario::ServerRestart => knobs.base + ttl * 3,
+    };
+    let (tasks, shared) = match scenario {
+        Scenario::SharedHandle => (4, 4),
+        _ => (3, 2),
+    };
+
+    let mut routes = Vec::new();
+    let mut clients = Clients {
+        children: Vec::new(),
+    };
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    for p in 0..knobs.procs {
+        let url = if proxied {
+            let hosts = hosts_of(&base_url);
+            let mut proxies = Vec::new();
+            for h in &hosts {
+                proxies.push(Proxy::start(h.clone()).await);
+            }
+            let to: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+            let url = reroute(&base_url, &hosts, &to);
+            routes.push(Route { proxies });
+            url
+        } else {
+            base_url.clone()
+        };
+        let config = ClientConfig {
+            url,
+            names: names.clone(),
+            tasks,
+            shared,
+            duration_ms: run_for.as_millis() as u64,
+            ttl_ms: ttl.as_millis() as u64,
+            per_lock: backend.per_lock,
+            cancel_storm: scenario == Scenario::CancelStorm,
+            lease_shrink: scenario == Scenario::LeaseShrink,
+            hold_ms: match scenario {
+                // Long holds, so that the nemesis finds a holder to hit.
+                Scenario::HolderKill
+                | Scenario::HolderPause
+                | Scenario::LostReplies
+                | Scenario::ClientCut
+                | Scenario::OobDelete => ttl.as_millis() as u64,
+                _ => ttl.as_millis() as u64 / 4,
+            },
+            resource: resource.addr().to_string(),
+            out: dir.join(format!("client-{p}.jsonl")).display().to_string(),
+            seed: fastrand::u64(..),
+        };
+        let json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
+        let child = Command::new(&exe)
+            .arg("client")
+            .arg(json)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start a client process: {e}"))?;
+        let pid = child.id().ok_or("a client process exited at once")?;
+        clients.children.push((pid, child));
+    }
+
+    let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
+    let note = |what: String, killed: Option<u32>, recover_from: bool, deleted: Option<String>| {
+        faults.lock().expect("faults").push(Fault {
+            at: clock::now(),
+            what,
+            killed,
+            recover_from,
+            deleted,
+        });
+    };
+    // Clients connect before they loop: give them a moment before the first fault.
+    let t0 = Instant::now();
+    let first_fault = t0 + Duration::from_millis(1500);
+    let pids: Vec<u32> = clients.children.iter().map(|c| c.0).collect();
+    let holder = |names: &[String]| -> Option<(u32, String)> {
+        let now = clock::now();
+        names.iter().find_map(|n| {
+            resource
+                .last_writer(n)
+                .filter(|(_, at)| now.saturating_sub(*at) < 150_000_000)
+                .map(|(pid, _)| (pid, n.clone()))
+        })
+    };
+    let find_holder = |alive: &[u32]| {
+        let alive = alive.to_vec();
+        let names = names.clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                if let Some((pid, name)) = holder(&names).filter(|(p, _)| alive.contains(p)) {
+                    return Some((pid, name));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            None
+        }
+    };
+    tokio::time::sleep_until(first_fault.into()).await;
+    let mut undo_error = None;
+    match scenario {
+        Scenario::Baseline
+        | Scenario::SharedHandle
+        | Scenario::CancelStorm
+        | Scenario::LeaseShrink => {}
+        Scenario::HolderKill => {
+            let target = find_holder(&pids).await;
+            let pid = target.as_ref().map_or(pids[0], |t| t.0);
+            if let Some((_, child)) = clients.children.iter_mut().find(|c| c.0 == pid) {
+                let _ = child.start_kill();
+                note(
+                    format!("SIGKILL client {pid} ({})", describe(&target)),
+                    Some(pid),
+                    true,
+                    None,
+                );
+            }
+        }
+        Scenario::HolderPause => {
+            let target = find_holder(&pids).await;
+            let pid = target.as_ref().map_or(pids[0], |t| t.0);
+            crate::signal(pid, "STOP")?;
+            note(
+                format!("SIGSTOP client {pid} ({})", describe(&target)),
+                None,
+                false,
+                None,
+            );
+            tokio::time::sleep(ttl * 3 / 2 + Duration::from_millis(300)).await;
+            // The others must have taken over by now; the zombie wakes.
+            if let Err(e) = crate::signal(pid, "CONT") {
+                undo_error = Some(e);
+            }
+            note(format!("SIGCONT client {pid}"), None, true, None);
+        }
+        Scenario::OobDelete => {
+            for _ in 0..3 {
+                if let Some((pid, name)) = find_holder(&pids).await {
+                    delete_behind(&base_url, &name).await?;
+                    note(
+                        format!("deleted {name:?} on the server while client {pid} held it"),
+                        None,
+                        false,
+                        Some(name),
+                    );
+                }
+                tokio::time::sleep(ttl).await;
+            }
+        }
+        Scenario::LostReplies | Scenario::ClientCut => {
+            let target = find_holder(&pids).await;
+            let pid = target.as_ref().map_or(pids[0], |t| t.0);
+            let i = pids.iter().position(|&p| p == pid).unwrap_or(0);
+            let mute = scenario == Scenario::LostReplies;
+            for p in &routes[i].proxies {
+                if mute {
+                    p.mute(true);
+                } else {
+                    p.cut();
+                }
+            }
+            let how = if mute { "muted" } else { "cut" };
+            note(
+                format!("{how} client {pid}'s proxy ({})", describe(&target)),
+                None,
+                false,
+                None,
+            );
+            tokio::time::sleep(ttl * 3 / 2).await;
+            for p in &routes[i].proxies {
+                p.heal();
+            }
+            note(format!("healed client {pid}'s proxy"), None, true, None);
+        }
+        Scenario::ServerPause => {
+            let s = server.as_mut().ok_or("no private server")?;
+            for (i, pause) in [ttl / 2, ttl * 2].into_iter().enumerate() {
+                s.pause()?;
+                note(
+                    format!("SIGSTOP server for {} ms", pause.as_millis()),
+                    None,
+                    false,
+                    None,
+                );
+                tokio::time::sleep(pause).await;
+                if let Err(e) = s.resume() {
+                    undo_error = Some(e);
+                }
+                note("SIGCONT server".into(), None, true, None);
+                if i == 0 {
+                    tokio::time::sleep(ttl).await;
+                }
+            }
+        }
+        Scenario::ServerRestart => {
+            let s = server.as_mut().ok_or("no private server")?;
+            s.kill();
+            note("SIGKILL server".into(), None, false, None);
+            tokio::time::sleep(ttl / 2).await;
+            let restarted = s.restart().await;
+            note("server restarted".into(), None, true, None);
+            restarted.map_err(|e| format!("the private server did not come back: {e}"))?;
+        }
+    }
+
+    // Wait for the clients; one that outlives its run by far is killed (and believes nothing
+    // after that).
+    let bound = t0 + run_for + Duration::from_secs(30);
+    let mut client_errors = Vec::new();
+    for (pid, child) in &mut clients.children {
+        let killed_by_nemesis = faults
+            .lock()
+            .expect("faults")
+            .iter()
+            .any(|f| f.killed == Some(*pid));
+        match tokio::time::timeout_at(bound.into(), child.wait()).await {
+            Ok(Ok(status)) if status.success() || killed_by_nemesis => {}
+            Ok(Ok(status)) => {
+                let mut stderr = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use tokio::io::AsyncReadExt;
+                    let _ = e.read_to_string(&mut stderr).await;
+                }
+                client_errors.push(format!("client {pid} exited {status}: {}", stderr.trim()));
+            }
+            Ok(Err(e)) => client_errors.push(format!("client {pid}: {e}")),
+            Err(_) => {
+                let _ = child.start_kill();
+                note(
+                    format!("SIGKILL client {pid}: still running 30 s after its run"),
+                    Some(*pid),
+                    false,
+                    None,
+                );
+                client_errors.push(format!("client {pid} did not finish in time"));
+            }
+        }
+    }
+    let run_end = clock::now();
+    drop(routes);
+
+    let residue = residue(backend, &base_url, &names, ttl).await;
+    let faults = faults.lock().expect("faults").clone();
+    let recs = read_histories(dir)?;
+    let expect = Expect {
+        oob_delete: scenario == Scenario::OobDelete,
+        allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
+        client_pause: scenario == Scenario::HolderPause,
+    };
+    let checked = checker::check(&recs, &faults, &resource.snapshot(), run_end, expect);
+    drop(server);
+    let mut errors = client_errors;
+    errors.extend(undo_error);
+    Ok(RunResult {
+        checked,
+        residue,
+        faults: faults.iter().map(|f| f.what.clone()).collect(),
+        error: (!errors.is_empty()).then(|| errors.join("; ")),
+        wall_s: 0.0,
+    })
+}
+
+fn describe(target: &Option<(u32, String)>) -> String {
+    match target {
+        Some((_, name)) => format!("it holds {name:?}"),
+        None => "no holder seen in 2 s: a random client".into(),
+    }
+}
+
+fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
+    let mut recs = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let path: PathBuf = entry.path();
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for line in text.lines() {
+            // A killed process may leave a half-written last line; nothing else is skipped.
+            match serde_json::from_str::<Rec>(line) {
+                Ok(r) => recs.push(r),
+                Err(_) if !text.ends_with('\n') && text.lines().last() == Some(line) => {}
+                Err(e) => return Err(format!("{}: bad history line {line:?}: {e}", path.display())),
+            }
+        }
+    }
+    Ok(recs)
+}
+
+/// Deletes `name`'s lock on the server, behind its holder's back.
+async fn delete_behind(url: &str, name: &str) -> Result<(), String> {
+    let lock = LockName::new(name).map_err(|e| e.to_string())?;
+    if url.starts_with("redis://") {
+        use distlock::redis::redis::AsyncCommands;
+        let config = distlock::redis::RedisConfig::from_url(url).map_err(|e| e.to_string())?;
+        let client = distlock::redis::redis::Client::open(url.split('?').next().unwrap_or(url))
+            .map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let _: i64 = conn
+            .del(config.lock_key(&lock))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    } else if url.starts_with("etcd://") {
+        use distlock::etcd::etcd_client::{Client, DeleteOptions};
+        let config = distlock::etcd::EtcdConfig::from_url(url).map_err(|e| e.to_string())?;
+        let mut client = Client::connect(config.endpoints(), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        client
+            .delete(
+                config.lock_dir(&lock),
+                Some(DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    } else {
+        Err(format!("no out-of-band delete for {url}"))
+    }
+}
+
+/// What is left on the server once every lease has run out: a holder seen by `inspect`, and
+/// where it is easy to look, the backend's own keys.
+async fn residue(backend: &Backend, url: &str, names: &[String], ttl: Duration) -> Vec<String> {
+    let mut left = Vec::new();
+    let handle = match distlock::connect(url).await {
+        Ok(h) => h,
+        Err(e) => return vec![format!("cannot connect to look for residue: {e}")],
+    };
+    // A killed or cut-off holder's lease has to run out first (sessions: the session timeout).
+    let until = Instant::now() + ttl * 3 + Duration::from_secs(3);
+    for name in names {
+        let Ok(lock) = LockName::new(name) else {
+            continue;
+        };
+        loop {
+            match handle.inspect(&lock).await {
+                Ok(None) => break,
+                Ok(Some(info)) if Instant::now() >= until => {
+                    left.push(format!(
+                        "{name:?} still held by {} (token {}) {:?} after the run",
+                        info.owner,
+                        info.token,
+                        ttl * 3 + Duration::from_secs(3)
+                    ));
+                    break;
+                }
+                Err(e) if Instant::now() >= until => {
+                    left.push(format!("{name:?}: inspect failed: {e}"));
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+    left.extend(backend_residue(backend, url, names).await);
+    left
+}
+
+/// Keys the backend leaves where `inspect` does not look (waiter entries, lock hashes without
+/// a holder).
+async fn backend_residue(backend: &Backend, url: &str, names: &[String]) -> Vec<String> {
+    let mut left = Vec::new();
+    match backend.key {
+        "redis" => {
+            let Ok(config) = distlock::redis::RedisConfig::from_url(url) else {
+                return left;
+            };
+            let Ok(client) = distlock::redis::redis::Client::open(url.split('?').next().unwrap_or(url))
+            else {
+                return left;
+            };
+            let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                return vec!["cannot connect to redis to look for residue".into()];
+            };
+            for name in names {
+                let pattern = config.key_pattern(name);
+                let keys: Vec<String> = distlock::redis::redis::cmd("KEYS")
+                    .arg(&pattern)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                for key in keys {
+                    // The fencing counter outlives every grant on purpose.
+                    if config.parse_key(&key).is_some_and(|(_, kind)| kind != "fence") {
+                        left.push(format!("redis key {key:?} left"));
+                    }
+                }
+            }
+        }
+        "etcd" => {
+            use distlock::etcd::etcd_client::{Client, GetOptions};
+            let Ok(config) = distlock::etcd::EtcdConfig::from_url(url) else {
+                return left;
+            };
+            let Ok(mut client) = Client::connect(config.endpoints(), None).await else {
+                return vec!["cannot connect to etcd to look for residue".into()];
+            };
+            for name in names {
+                let Ok(lock) = LockName::new(name) else {
+                    continue;
+                };
+                let dir = config.lock_dir(&lock);
+                if let Ok(resp) = client
+                    .get(
+                        dir.clone(),
+                        Some(GetOptions::new().with_prefix().with_keys_only()),
+                    )
+                    .await
+                {
+                    for kv in resp.kvs() {
+                        left.push(format!("etcd key {:?} left", String::from_utf8_lossy(kv.key())));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    left
+}
