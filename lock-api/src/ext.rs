@@ -4,11 +4,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, Either};
+
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::guard::{context, LockGuard};
-use crate::keeper::{LeaseKeeper, OnTheSpot};
+use crate::keeper::{Hold, LeaseKeeper, OnTheSpot};
 use crate::lock::DistributedLock;
 use crate::name::{check_name, LockName, OwnerId};
 use crate::observe::{self, Acquired};
@@ -284,7 +286,7 @@ async fn lock_with(
     spend_budget().await;
     // The plan is made after the await above and lives in this block only, so this future's
     // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
-    let acquire = {
+    let acquire = 'acquire: {
         let plan = Plan::new(
             &**this,
             name,
@@ -306,8 +308,24 @@ async fn lock_with(
                 observe::acquire_metrics_of(&**this, true, "granted", started);
                 return Ok(LockGuard::kept(this.clone(), hold));
             }
-            // Held: wait for it as any backend does.
-            OnTheSpot::Held(owner) | OnTheSpot::NotHere(owner) => owner,
+            OnTheSpot::Held(owner) => {
+                // The keeper is the lock's server, and queues for it.
+                let req = AcquireRequest {
+                    name: LockName::checked(name),
+                    owner,
+                    ttl,
+                };
+                let queued = keeper
+                    .queue_now(req, wait, renew.is_some())
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Backend,
+                            "a keeper that grants on the spot must queue on the spot",
+                        )
+                    })?;
+                break 'acquire Either::Left(waited_on_the_spot(this, name, queued, started));
+            }
+            OnTheSpot::NotHere(owner) => owner,
         };
         let plan = Plan {
             keeper,
@@ -316,7 +334,7 @@ async fn lock_with(
             renew,
             leased,
         };
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let (req, plan) = plan.request(name);
             let backend = this.core().backend();
             let span = observe::acquire_span(backend, name, true);
@@ -335,9 +353,30 @@ async fn lock_with(
             let outcome = Acquired::of(&result, |g| Some(g.token().0));
             observe::acquired(&span, backend, true, outcome, started);
             result
-        })
+        }))
     };
     acquire.await
+}
+
+/// The wait of a keeper that is the lock's server, in its own queue.
+fn waited_on_the_spot<'a>(
+    this: &'a Arc<dyn DistributedLock>,
+    name: &'a str,
+    queued: BoxFuture<'a, Result<Hold>>,
+    started: observe::Stamp,
+) -> BoxFuture<'a, Result<LockGuard>> {
+    Box::pin(async move {
+        let backend = this.core().backend();
+        let span = observe::acquire_span(backend, name, true);
+        let result = queued
+            .instrument(span.clone())
+            .await
+            .map_err(|e| context(e, &**this, &LockName::checked(name)))
+            .map(|hold| LockGuard::kept(this.clone(), hold));
+        let outcome = Acquired::of(&result, |g| Some(g.token().0));
+        observe::acquired(&span, backend, true, outcome, started);
+        result
+    })
 }
 
 /// One attempt of `req`, safe to drop at any point: once its request may have been sent, a

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use crate::error::Result;
-use crate::grant::Grant;
+use crate::grant::{AcquireRequest, Grant};
 use crate::lock::DistributedLock;
 use crate::name::OwnerId;
 
@@ -71,6 +72,19 @@ pub trait LeaseKeeper: Send + Sync + sealed::Sealed {
     fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
         let _ = (name, ttl, kept);
         OnTheSpot::NotHere(owner)
+    }
+
+    /// Waits up to `wait` for `req`'s lock in the server's own queue, if this keeper is the
+    /// lock's server (`kept` as for [`grant_now`](Self::grant_now)); `None` from keepers whose
+    /// server is elsewhere, whose acquires wait the way the backend says.
+    fn queue_now<'a>(
+        &'a self,
+        req: AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Option<BoxFuture<'a, Result<Hold>>> {
+        let _ = (req, wait, kept);
+        None
     }
 
     /// Until when the guard may claim the lock; `None` if it never expires.
@@ -131,21 +145,28 @@ pub struct Hold {
 }
 
 impl Hold {
-    pub(crate) fn new(
-        grant: Grant,
-        ticket: u64,
-        kept: bool,
-        shared: Option<Arc<HoldState>>,
-    ) -> Self {
-        let cell = OnceLock::new();
-        if let Some(s) = shared {
-            let _ = cell.set(s);
-        }
+    #[inline]
+    pub(crate) fn new(grant: Grant, ticket: u64, kept: bool) -> Self {
         Self {
             grant,
             ticket,
             kept: Flag::of(kept),
-            shared: cell,
+            shared: OnceLock::new(),
+        }
+    }
+
+    /// A hold whose state is shared with its keeper from the start.
+    pub(crate) fn shared_with(
+        grant: Grant,
+        ticket: u64,
+        kept: bool,
+        state: Arc<HoldState>,
+    ) -> Self {
+        Self {
+            grant,
+            ticket,
+            kept: Flag::of(kept),
+            shared: OnceLock::from(state),
         }
     }
 

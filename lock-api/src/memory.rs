@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
@@ -106,6 +107,7 @@ struct Waiter {
     id: u64,
     owner: OwnerId,
     ttl: Duration,
+    kept: bool,
     tx: oneshot::Sender<Grant>,
 }
 
@@ -208,7 +210,7 @@ impl Slot {
                     count: 1,
                     token,
                     expires_at: now + w.ttl,
-                    kept: 0,
+                    kept: u32::from(w.kept),
                     kept_ttl: w.ttl,
                 });
             }
@@ -413,6 +415,7 @@ impl MemoryStore {
     /// before (the common case) is found by `&str` and its grant shares the slot's name, so
     /// nothing is allocated.
     /// `owner` moves into the grant, or comes back when the lock is held by someone else.
+    #[inline(always)]
     fn grant(
         &self,
         name: &str,
@@ -473,8 +476,9 @@ impl MemoryStore {
         })
     }
 
-    /// Waits up to `wait` for `req`'s lock in the name's queue.
-    async fn queue(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+    /// Waits up to `wait` for `req`'s lock in the name's queue; `kept` as for
+    /// [`LeaseKeeper::grant_now`].
+    async fn queue(&self, req: &AcquireRequest, wait: Duration, kept: bool) -> Result<Grant> {
         tokio::task::coop::consume_budget().await;
         let started = Instant::now();
         let deadline = started + wait;
@@ -483,7 +487,7 @@ impl MemoryStore {
             s.next_waiter += 1;
             let id = s.next_waiter;
             let (_, slot) = s.slot(&req.name);
-            if let Ok(g) = slot.try_grant(req.owner.clone(), req.ttl, false, started) {
+            if let Ok(g) = slot.try_grant(req.owner.clone(), req.ttl, kept, started) {
                 return Ok(g);
             }
             let (tx, rx) = oneshot::channel();
@@ -491,6 +495,7 @@ impl MemoryStore {
                 id,
                 owner: req.owner.clone(),
                 ttl: req.ttl,
+                kept,
                 tx,
             });
             QueuedWaiter {
@@ -562,14 +567,26 @@ impl LeaseKeeper for MemoryStore {
                 h.kept_ttl = h.kept_ttl.max(ttl);
             }
         }
-        Hold::new(grant, u64::MAX, renew.is_some(), None)
+        Hold::new(grant, u64::MAX, renew.is_some())
     }
 
     fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
         match self.grant(name, owner, ttl, kept) {
-            Ok((grant, at)) => OnTheSpot::Granted(Hold::new(grant, at as u64, kept, None)),
+            Ok((grant, at)) => OnTheSpot::Granted(Hold::new(grant, at as u64, kept)),
             Err(owner) => OnTheSpot::Held(owner),
         }
+    }
+
+    fn queue_now<'a>(
+        &'a self,
+        req: AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Option<BoxFuture<'a, Result<Hold>>> {
+        Some(Box::pin(async move {
+            let grant = self.queue(&req, wait, kept).await?;
+            Ok(Hold::new(grant, u64::MAX, kept))
+        }))
     }
 
     fn safe_until(&self, hold: &Hold) -> Option<Instant> {
@@ -697,7 +714,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        self.store.queue(req, wait).await
+        self.store.queue(req, wait, false).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

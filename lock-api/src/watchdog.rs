@@ -338,7 +338,7 @@ impl LeaseKeeper for Watchdog {
             renew,
             until,
         );
-        Hold::new(grant, entry, renew.is_some(), Some(state))
+        Hold::shared_with(grant, entry, renew.is_some(), state)
     }
 
     fn safe_until(&self, hold: &Hold) -> Option<Instant> {
