@@ -3,8 +3,12 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod backend;
+mod cleanup;
 mod config;
+mod error;
+mod holds;
 mod path;
+mod queue;
 mod session;
 
 pub use backend::{ZkLock, CAPABILITIES};
