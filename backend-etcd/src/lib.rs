@@ -5,8 +5,12 @@
 mod backend;
 mod config;
 mod endpoints;
+mod error;
+mod holds;
+mod keepalive;
 mod keys;
 mod lease;
+mod queue;
 
 pub use backend::{EtcdLock, CAPABILITIES};
 pub use config::{
