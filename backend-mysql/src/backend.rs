@@ -10,14 +10,13 @@ use distlock_api::{
     ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
     TtlSupport,
 };
-use sqlx::mysql::{
-    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult,
-};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlQueryResult};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
 use crate::conn::{Lent, Pool};
+use crate::error::{error_from, is_conflict, is_duplicate, map_error};
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
@@ -706,76 +705,4 @@ fn grant(req: &AcquireRequest, token: FencingToken, hold_count: u32, sent_at: In
 /// A lease in whole microseconds, rounded down (never promise more than the server was told).
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// The server's error number, if it is a server error.
-fn error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(d) => d
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(MySqlDatabaseError::number),
-        _ => None,
-    }
-}
-
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
-
-fn is_duplicate(e: &sqlx::Error) -> bool {
-    error_number(e) == Some(ER_DUP_ENTRY)
-}
-
-/// A lock conflict between concurrent transactions, which InnoDB resolved by rolling back
-/// ours: retrying is correct, since nothing of ours took effect.
-pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
-    matches!(
-        error_number(e),
-        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-    )
-}
-
-/// Maps a driver error to distlock's kinds: no connection is `Unavailable`; a server in the
-/// middle of shutting down, full, or read-only (a demoted primary during failover) is
-/// `Unavailable` too, since retrying elsewhere or later can succeed; other server errors are
-/// `Backend`.
-fn map_error(e: sqlx::Error, what: &str) -> Error {
-    let (kind, temporary) = classify(&e);
-    Error::new(kind, format!("{what} failed"))
-        .with_source(e)
-        .with_backend(BACKEND)
-        .temporary(temporary)
-}
-
-/// [`map_error`] for an error shared by several operations.
-fn error_from(
-    e: &sqlx::Error,
-    what: &str,
-    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> Error {
-    let (kind, temporary) = classify(e);
-    Error::new(kind, format!("{what} failed"))
-        .with_source(source)
-        .with_backend(BACKEND)
-        .temporary(temporary)
-}
-
-fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
-    let kind = match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_) => ErrorKind::Unavailable,
-        sqlx::Error::Database(_) => match error_number(e) {
-            // Too many connections, shutdown in progress, connection killed, read-only
-            // (server option, transaction, MariaDB read-only mode).
-            Some(1040 | 1053 | 1927 | 1290 | 1792 | 1836) => ErrorKind::Unavailable,
-            _ => ErrorKind::Backend,
-        },
-        _ => ErrorKind::Backend,
-    };
-    let temporary =
-        kind == ErrorKind::Unavailable || is_conflict(e) || matches!(e, sqlx::Error::Protocol(_));
-    (kind, temporary)
 }

@@ -5,6 +5,7 @@
 mod backend;
 mod config;
 mod conn;
+mod error;
 mod renewal;
 mod sql;
 
