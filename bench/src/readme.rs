@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{rate, ratio, us};
+use crate::format::{rate, ratio, us};
 use crate::results::Results;
 
 /// The line before the generated block in README.md.

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::Either;
 
+use crate::error::LostReason;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant};
-use crate::keeper::{Flag, Hold, LeaseKeeper, LostReason};
-use crate::lock::DistributedLock;
+use crate::keeper::{Flag, Hold};
+use crate::lock::{DistributedLock, LeaseKeeper};
 use crate::name::{LockName, OwnerId};
 
 /// A held lock. Dropping it releases the lock: at once on an in-process backend, in the
@@ -110,7 +111,7 @@ impl LockGuard {
     /// is released first, it resolves to [`LostReason::Released`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.hold.shared(self.backend.core().backend());
-        crate::keeper::watch(self.backend.clone(), self.hold.clone())
+        watch(self.backend.clone(), self.hold.clone())
     }
 
     /// Extends the lease so that it lasts **at least** `ttl` from now, for a fixed lease
@@ -221,4 +222,37 @@ impl fmt::Debug for LockGuard {
 /// Adds the backend and lock to an error from a backend primitive.
 pub(crate) fn context(e: Error, backend: &dyn DistributedLock, name: &LockName) -> Error {
     e.with_backend(backend.core().backend()).with_lock(name)
+}
+
+/// `lost()` of any guard: asks the keeper, and sleeps until it says to look again or tells of a
+/// change.
+pub(crate) async fn watch(backend: Arc<dyn DistributedLock>, hold: Hold) -> LostReason {
+    let Some(shared) = hold.shared.get().cloned() else {
+        return LostReason::ClientGone;
+    };
+    loop {
+        // Registered before the look, so a change between the two is not missed.
+        let changed = shared.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if shared.is_released() {
+            return LostReason::Released;
+        }
+        let until = match backend.keeper().watch(&hold) {
+            Err(why) => return why,
+            Ok(until) => until,
+        };
+        tokio::select! {
+            _ = changed => {}
+            _ = sleep_until(until) => {}
+        }
+    }
+}
+
+/// Sleeps until `until`, or forever.
+async fn sleep_until(until: Option<Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }

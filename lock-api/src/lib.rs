@@ -40,15 +40,14 @@ pub mod wait;
 mod watchdog;
 
 pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, LostReason, Result};
 pub use ext::LockExt;
 pub use grant::{
     check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo,
     MAX_TTL, MAX_WAIT,
 };
 pub use guard::LockGuard;
-pub use keeper::{LeaseKeeper, LostReason};
-pub use lock::{ClientCore, DistributedLock, SharedLock, DEFAULT_TTL};
+pub use lock::{ClientCore, DistributedLock, LeaseKeeper, OnTheSpot, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_OWNER_TEXT_LEN};
 pub use options::{Lease, LockOptions};

@@ -21,6 +21,12 @@ use crate::Res;
 pub(crate) use self::private::PrivateRedis;
 pub(crate) use self::redis::redlock_urls;
 
+/// This run's id: the process id and a random number, in hex.
+pub(crate) fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)))
+}
+
 /// The longest a backend may take to connect before the report calls it unavailable. Backends
 /// bound their own connects too; this is the bench's guard against one that does not.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);

@@ -19,7 +19,7 @@ use distlock_mongo::mongodb::Collection;
 use distlock_mongo::{MongoConfig, MongoLock};
 
 use super::{Floor, FloorOps, Kind, Target};
-use crate::scenarios::run_id;
+use crate::targets::run_id;
 use crate::Res;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
