@@ -19,9 +19,11 @@ mod harness;
 mod local;
 mod proxy;
 mod runner;
+mod suite;
 
 pub use case::{unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};
 pub use harness::Harness;
 pub use local::{free_ports, send_signal, watch_lost};
 pub use proxy::{hosts_of, reroute, Proxy};
 pub use runner::{run, skipped_by_env};
+pub use suite::{with_options, ConnectFn, Suite};

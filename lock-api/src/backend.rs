@@ -19,4 +19,5 @@ pub use crate::lock::{ClientCore, LeaseKeeper, OnTheSpot};
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;
 
+pub mod testing;
 pub mod wait;
