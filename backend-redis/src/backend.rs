@@ -53,6 +53,12 @@ impl fmt::Debug for RedisLock {
 }
 
 impl RedisLock {
+    /// The server, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn server(&self) -> &Server {
+        &self.shared.server
+    }
+
     /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
     pub const BACKEND: &'static str = "redis";
 

@@ -8,6 +8,8 @@ mod keys;
 mod pubsub;
 mod redlock;
 mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{RedisLock, CAPABILITIES};
 pub use config::{

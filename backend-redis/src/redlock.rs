@@ -174,6 +174,12 @@ impl RedLock {
     /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
     pub const BACKEND: &'static str = "redlock";
 
+    /// The masters, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn servers(&self) -> &[Server] {
+        &self.shared.servers
+    }
+
     /// Validates `config` (before any I/O) and connects to every master at once. A master that
     /// cannot be reached is tolerated as long as a majority can (it is retried on every call);
     /// fewer than a majority is [`Unavailable`](ErrorKind::Unavailable) within the connect

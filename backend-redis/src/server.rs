@@ -174,11 +174,11 @@ impl Server {
             .map_err(|e| self.error("load scripts", e))
     }
 
-    fn error(&self, what: &str, e: redis::RedisError) -> Error {
+    pub(crate) fn error(&self, what: &str, e: redis::RedisError) -> Error {
         driver_error(self.backend, &self.endpoint, what, e)
     }
 
-    fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> ConnectionManager {
         self.conn
             .read()
             .unwrap_or_else(PoisonError::into_inner)

@@ -1,7 +1,7 @@
 //! A [`Harness`] made of data: a backend's id, capabilities, test URL and connect function (its
 //! descriptor) and its test-only [`Admin`], plus the few numbers the cases need. The suite's
-//! clients are made from URLs, with the shared URL options (`default_ttl`, `connect_timeout`)
-//! every backend accepts, so a backend's harness is a few lines.
+//! clients are made from URLs, with the shared URL options every backend accepts
+//! (`default_ttl_ms`, `connect_timeout_ms`), so a backend's harness is a few lines.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +62,7 @@ impl Suite {
         self
     }
 
-    /// One more URL option for every client the suite makes (`sweep_interval=250ms`).
+    /// One more URL option for every client the suite makes (`sweep_interval_ms=250`).
     pub fn option(mut self, key: &str, value: &str) -> Self {
         self.options.push((key.to_string(), value.to_string()));
         self
@@ -130,8 +130,9 @@ pub fn with_options(url: &str, options: &[(String, String)]) -> String {
     }
 }
 
+/// A duration as the `<option>_ms` spelling every backend's URL takes: whole milliseconds.
 fn millis(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
+    d.as_millis().to_string()
 }
 
 #[async_trait]
@@ -154,7 +155,10 @@ impl Harness for Suite {
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let url = self.unreachable_url.as_ref()?;
-        let options = [("connect_timeout".to_string(), millis(self.connect_timeout))];
+        let options = [(
+            "connect_timeout_ms".to_string(),
+            millis(self.connect_timeout),
+        )];
         Some((self.connect)(with_options(url, &options)).await)
     }
 
@@ -163,7 +167,7 @@ impl Harness for Suite {
     }
 
     async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let mut options = vec![("default_ttl".to_string(), millis(self.short_ttl))];
+        let mut options = vec![("default_ttl_ms".to_string(), millis(self.short_ttl))];
         options.extend(self.options.iter().cloned());
         (self.connect)(with_options(url, &options)).await
     }
