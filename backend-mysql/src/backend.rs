@@ -81,6 +81,14 @@ struct LockRow {
 }
 
 impl MysqlLock {
+    /// The pool and the lock table's name, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, &str) {
+        (self.inner.pool.sqlx(), &self.inner.sql.locks)
+    }
+}
+
+impl MysqlLock {
     /// Connects to the server, creates the two tables if they do not exist (unless turned off),
     /// checks that they have the columns this backend uses, and starts the sweeper if the config
     /// asks for it.

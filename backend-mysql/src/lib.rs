@@ -8,6 +8,8 @@ mod conn;
 mod error;
 mod renewal;
 mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{MysqlLock, CAPABILITIES};
 pub use config::{

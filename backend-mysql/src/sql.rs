@@ -121,6 +121,8 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
+    /// The lock table's (validated) name.
+    pub(crate) locks: Arc<str>,
 }
 
 impl Statements {
@@ -149,6 +151,7 @@ impl Statements {
             clear_expired: r(CLEAR_EXPIRED),
             renew: r(RENEW),
             sweep: r(SWEEP),
+            locks: locks.into(),
         }
     }
 }
