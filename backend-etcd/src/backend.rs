@@ -122,6 +122,12 @@ impl EtcdLock {
         self.shared.lease.current().ok().map(|l| l.ttl)
     }
 
+    /// The client's state, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// The configuration this client was made with.
     pub fn config(&self) -> &EtcdConfig {
         &self.shared.config

@@ -11,6 +11,8 @@ mod keepalive;
 mod keys;
 mod lease;
 mod queue;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{EtcdLock, CAPABILITIES};
 pub use config::{

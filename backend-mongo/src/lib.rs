@@ -5,6 +5,8 @@
 mod backend;
 mod commands;
 mod config;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{MongoLock, ServerInfo, CAPABILITIES, POLL_CAP};
 pub use config::{

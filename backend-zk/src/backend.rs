@@ -102,6 +102,12 @@ impl ZkLock {
         self.inner.session().client.clone()
     }
 
+    /// The base path (below the chroot) the lock nodes live under, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn base_path(&self) -> &str {
+        &self.inner.base
+    }
+
     /// The path (below the chroot) of `name`'s lock node, whose children are the queue.
     pub fn lock_path(&self, name: &str) -> Result<String> {
         let name = LockName::new(name).map_err(|e| e.with_backend("zk"))?;

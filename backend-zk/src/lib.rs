@@ -10,6 +10,8 @@ mod holds;
 mod path;
 mod queue;
 mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{ZkLock, CAPABILITIES};
 pub use config::{

@@ -12,6 +12,7 @@ use distlock_api::{Capabilities, DistributedLock, Error, ErrorKind, LockName, Re
 use futures::future::BoxFuture;
 
 use crate::harness::Harness;
+use crate::proxy::reroute;
 
 /// Connects to a backend from a URL.
 pub type ConnectFn = fn(String) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>>>;
@@ -24,6 +25,7 @@ pub struct Suite {
     connect: ConnectFn,
     admin: Option<AdminFn>,
     options: Vec<(String, String)>,
+    proxied: Vec<(String, String)>,
     short_ttl: Duration,
     wake_bound: Duration,
     connect_timeout: Duration,
@@ -48,6 +50,7 @@ impl Suite {
             connect,
             admin: None,
             options: Vec::new(),
+            proxied: Vec::new(),
             short_ttl: Duration::from_millis(400),
             wake_bound: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
@@ -65,6 +68,14 @@ impl Suite {
     /// One more URL option for every client the suite makes (`sweep_interval_ms=250`).
     pub fn option(mut self, key: &str, value: &str) -> Self {
         self.options.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// One more URL option for clients whose connections go through the partition cases'
+    /// proxies (MongoDB's `directConnection=true`, without which the driver learns the
+    /// server's own address and connects around the proxy).
+    pub fn option_through_proxy(mut self, key: &str, value: &str) -> Self {
+        self.proxied.push((key.to_string(), value.to_string()));
         self
     }
 
@@ -170,6 +181,11 @@ impl Harness for Suite {
         let mut options = vec![("default_ttl_ms".to_string(), millis(self.short_ttl))];
         options.extend(self.options.iter().cloned());
         (self.connect)(with_options(url, &options)).await
+    }
+
+    async fn client_via(&self, addrs: &[String]) -> Result<Arc<dyn DistributedLock>> {
+        let url = reroute(&self.url, &self.upstreams(), addrs);
+        self.client_at(&with_options(&url, &self.proxied)).await
     }
 
     fn connect_timeout(&self) -> Duration {
