@@ -25,6 +25,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod capability;
+pub mod config;
+mod descriptor;
 mod error;
 mod ext;
 mod grant;
@@ -39,6 +41,8 @@ pub mod wait;
 mod watchdog;
 
 pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+pub use config::ClientOptions;
+pub use descriptor::{BackendDescriptor, ConnectFn, MEMORY};
 pub use error::{Error, ErrorKind, Result};
 pub use ext::LockExt;
 pub use grant::{
