@@ -128,10 +128,12 @@ impl EtcdLock {
     /// connect timeout: an unreachable cluster is
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) after it, never a hang.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
         // Each endpoint gets its share of the connect timeout, so one that swallows packets
         // leaves time to try the others.
         let endpoints = u32::try_from(config.endpoints.len()).unwrap_or(u32::MAX);
-        let per_endpoint = (config.connect_timeout / endpoints).max(Duration::from_millis(10));
+        let per_endpoint =
+            (config.client.connect_timeout / endpoints).max(Duration::from_millis(10));
         let mut options = ConnectOptions::new()
             .with_connect_timeout(per_endpoint)
             .with_keep_alive(HTTP2_KEEPALIVE.0, HTTP2_KEEPALIVE.1);
@@ -145,14 +147,14 @@ impl EtcdLock {
         let info = endpoints
             .call(
                 "connecting and being granted a lease",
-                config.connect_timeout,
+                config.client.connect_timeout,
                 |client| lease::grant(client, ttl_secs),
             )
             .await
             .and_then(lease::granted)
             .map_err(|e| e.with_backend(BACKEND))?;
         let mut core = ClientCore::new(BACKEND).with_default_ttl(info.ttl)?;
-        if let Some(owner) = &config.owner {
+        if let Some(owner) = &config.client.owner {
             core = core.with_owner(owner.clone());
         }
         let shared = Arc::new(Shared {
@@ -461,7 +463,7 @@ impl Shared {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         self.endpoints
-            .call(what, self.config.request_timeout, op)
+            .call(what, self.config.client.operation_timeout, op)
             .await
     }
 
@@ -548,7 +550,7 @@ impl Shared {
                 // the queue, so someone else holds the lock.
                 Err(_) if slot.holds().count > 0 => {
                     let gate = slot.slot.gate.clone().lock_owned();
-                    tokio::time::timeout(self.config.request_timeout, gate)
+                    tokio::time::timeout(self.config.client.operation_timeout, gate)
                         .await
                         .map_err(|_| {
                             Error::new(

@@ -78,7 +78,9 @@ impl ClientOptions {
     pub fn take_from(&mut self, query: &mut UrlQuery<'_>) -> Result<()> {
         if let Some(owner) = query.take_str("owner") {
             self.owner = Some(OwnerId::new(&owner).map_err(|e| {
-                query.url.invalid(format!("option owner={owner:?}: {}", e.message()))
+                query
+                    .url
+                    .invalid(format!("option owner={owner:?}: {}", e.message()))
             })?);
         }
         if let Some(d) = query.take_duration(&["default_ttl"])? {
@@ -331,7 +333,11 @@ impl<'a> ConfigUrl<'a> {
         let bad = |why: &str| self.invalid(format!("host {entry:?}: {why}"));
         let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
             let (v6, after) = rest.split_once(']').ok_or_else(|| bad("unclosed '['"))?;
-            if v6.is_empty() || !v6.chars().all(|c| c.is_ascii_hexdigit() || ":.".contains(c)) {
+            if v6.is_empty()
+                || !v6
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || ":.".contains(c))
+            {
                 return Err(bad("not an IPv6 address"));
             }
             let port = match after {
@@ -364,7 +370,12 @@ impl<'a> ConfigUrl<'a> {
     /// The query's options, percent-decoded, to be taken one by one.
     pub fn options(&self) -> Result<UrlQuery<'a>> {
         let mut pairs = Vec::new();
-        for raw in self.query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        for raw in self
+            .query
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
             let (k, v) = raw
                 .split_once('=')
                 .ok_or_else(|| self.invalid(format!("option {raw:?} has no value")))?;
@@ -437,7 +448,11 @@ impl UrlQuery<'_> {
         for name in names {
             if let Some(v) = self.take_str(name) {
                 let d = parse_duration(&v).ok_or_else(|| {
-                    self.invalid(name, &v, "is not a whole number with a unit (500ms, 10s, 2m)")
+                    self.invalid(
+                        name,
+                        &v,
+                        "is not a whole number with a unit (500ms, 10s, 2m)",
+                    )
                 })?;
                 found = found.or(Some(d));
             }
@@ -503,7 +518,17 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        for bad in ["", "10", "s", "1.5s", "-1s", "10h", "10 s", "10S", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "1.5s",
+            "-1s",
+            "10h",
+            "10 s",
+            "10S",
+            "99999999999999999999s",
+        ] {
             assert_eq!(parse_duration(bad), None, "{bad:?}");
         }
         assert_eq!(parse_duration(&format!("{}m", u64::MAX)), None);
@@ -511,10 +536,9 @@ mod tests {
 
     #[test]
     fn each_shared_option_parses_in_both_spellings() {
-        let o = options(
-            "x://h?owner=w-1&default_ttl=1500ms&connect_timeout=2s&operation_timeout=1m",
-        )
-        .unwrap();
+        let o =
+            options("x://h?owner=w-1&default_ttl=1500ms&connect_timeout=2s&operation_timeout=1m")
+                .unwrap();
         assert_eq!(o.owner.as_ref().map(OwnerId::label), Some("w-1"));
         assert_eq!(o.default_ttl, Duration::from_millis(1500));
         assert_eq!(o.connect_timeout, Duration::from_secs(2));
@@ -559,7 +583,10 @@ mod tests {
     #[test]
     fn passwords_are_redacted_everywhere() {
         assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
-        assert_eq!(redact("etcd://u%40x:p%3Ass@h1,h2/p"), "etcd://u%40x:***@h1,h2/p");
+        assert_eq!(
+            redact("etcd://u%40x:p%3Ass@h1,h2/p"),
+            "etcd://u%40x:***@h1,h2/p"
+        );
         assert_eq!(redact("mongodb://u:p@ss@h/?a=b"), "mongodb://u:***@h/?a=b");
         assert_eq!(redact("redis://h:1?owner=a"), "redis://h:1?owner=a");
         assert_eq!(redact("redis://user@h"), "redis://user@h");
@@ -578,8 +605,8 @@ mod tests {
 
     #[test]
     fn urls_are_cut_into_their_parts() {
-        let u = ConfigUrl::parse("t", "etcd://u%40x:p%3Ass@h1:1,h2,[::1]:3/a%2Fb/c?k=v&x=y")
-            .unwrap();
+        let u =
+            ConfigUrl::parse("t", "etcd://u%40x:p%3Ass@h1:1,h2,[::1]:3/a%2Fb/c?k=v&x=y").unwrap();
         assert_eq!(u.scheme, "etcd");
         assert_eq!(u.decode(u.user.unwrap(), "user").unwrap(), "u@x");
         assert_eq!(u.decode(u.password.unwrap(), "password").unwrap(), "p:ss");
@@ -599,8 +626,20 @@ mod tests {
     #[test]
     fn bad_hosts_and_escapes_are_invalid_argument() {
         for bad in [
-            "", "h", "://h", "x://h#f", "x://", "x://h:0", "x://h:65536", "x://h:port",
-            "x://h,,g", "x://h one", "x://[::1", "x://[zz]:1", "x://[::1]x", "x://h:1:2",
+            "",
+            "h",
+            "://h",
+            "x://h#f",
+            "x://",
+            "x://h:0",
+            "x://h:65536",
+            "x://h:port",
+            "x://h,,g",
+            "x://h one",
+            "x://[::1",
+            "x://[zz]:1",
+            "x://[::1]x",
+            "x://h:1:2",
         ] {
             let r = ConfigUrl::parse("t", bad).and_then(|u| u.hosts(1));
             let e = r.expect_err(bad);
