@@ -9,8 +9,6 @@ use distlock_api::{async_trait, Capabilities, DistributedLock, LockName, Result}
 use distlock_mysql::sqlx::{self, AssertSqlSafe, Connection};
 use distlock_mysql::{MysqlConfig, MysqlLock};
 
-const DEFAULT_URL: &str = "mysql://distlock:distlock@127.0.0.1:3306/distlock";
-
 struct Mysql {
     url: String,
 }
@@ -18,7 +16,7 @@ struct Mysql {
 impl Mysql {
     fn from_env() -> Self {
         Self {
-            url: std::env::var("DISTLOCK_MYSQL_URL").unwrap_or_else(|_| DEFAULT_URL.to_string()),
+            url: distlock_mysql::DESCRIPTOR.test_url(),
         }
     }
 
@@ -32,7 +30,7 @@ impl Mysql {
         let conn = sqlx::MySqlConnection::connect_with(&config.connect_options())
             .await
             .map_err(|e| distlock_api::Error::unavailable("raw connection", e))?;
-        Ok((conn, config.lock_table_name().to_string()))
+        Ok((conn, config.get_lock_table().to_string()))
     }
 }
 
