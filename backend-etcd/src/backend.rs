@@ -69,10 +69,12 @@ impl EtcdLock {
     /// connect timeout: an unreachable cluster is
     /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) after it, never a hang.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
         // Each endpoint gets its share of the connect timeout, so one that swallows packets
         // leaves time to try the others.
         let endpoints = u32::try_from(config.endpoints.len()).unwrap_or(u32::MAX);
-        let per_endpoint = (config.connect_timeout / endpoints).max(Duration::from_millis(10));
+        let per_endpoint =
+            (config.client.connect_timeout / endpoints).max(Duration::from_millis(10));
         let mut options = ConnectOptions::new()
             .with_connect_timeout(per_endpoint)
             .with_keep_alive(HTTP2_KEEPALIVE.0, HTTP2_KEEPALIVE.1);
@@ -86,14 +88,14 @@ impl EtcdLock {
         let info = endpoints
             .call(
                 "connecting and being granted a lease",
-                config.connect_timeout,
+                config.client.connect_timeout,
                 |client| lease::grant(client, ttl_secs),
             )
             .await
             .and_then(lease::granted)
             .map_err(|e| e.with_backend(BACKEND))?;
         let mut core = ClientCore::new(BACKEND).with_default_ttl(info.ttl)?;
-        if let Some(owner) = &config.owner {
+        if let Some(owner) = &config.client.owner {
             core = core.with_owner(owner.clone());
         }
         let shared = Arc::new(Shared {

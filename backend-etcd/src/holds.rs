@@ -202,7 +202,7 @@ impl Shared {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         self.endpoints
-            .call(what, self.config.request_timeout, op)
+            .call(what, self.config.client.operation_timeout, op)
             .await
     }
 

@@ -23,7 +23,7 @@ pub(crate) async fn keep_alive(shared: Weak<Shared>) {
     loop {
         let Some((info, timeout)) = shared.upgrade().and_then(|s| {
             let info = s.lease.current().ok()?;
-            Some((info, s.config.request_timeout))
+            Some((info, s.config.client.operation_timeout))
         }) else {
             return;
         };

@@ -56,7 +56,7 @@ impl Shared {
                 // the queue, so someone else holds the lock.
                 Err(_) if slot.holds().count > 0 => {
                     let gate = slot.slot.gate.clone().lock_owned();
-                    tokio::time::timeout(self.config.request_timeout, gate)
+                    tokio::time::timeout(self.config.client.operation_timeout, gate)
                         .await
                         .map_err(|_| {
                             Error::new(

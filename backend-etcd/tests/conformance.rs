@@ -59,13 +59,13 @@ impl distlock_conformance::Harness for Etcd {
     }
 
     async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = EtcdConfig::from_url(url)?.lease_ttl(common::SHORT_TTL)?;
+        let config = EtcdConfig::from_url(url)?.default_ttl(common::SHORT_TTL);
         Ok(Arc::new(EtcdLock::connect(config).await?))
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let config = EtcdConfig::from_url("etcd://127.0.0.1:1")
-            .and_then(|c| c.connect_timeout(self.connect_timeout()));
+            .map(|c| c.connect_timeout(self.connect_timeout()));
         Some(match config {
             Ok(config) => EtcdLock::connect(config)
                 .await

@@ -99,18 +99,18 @@ impl MysqlLock {
     pub async fn connect(config: MysqlConfig) -> Result<Self> {
         config.validate()?;
         let mut core = ClientCore::new(BACKEND)
-            .with_default_ttl(config.default_ttl_value())
+            .with_default_ttl(config.get_default_ttl())
             .map_err(|e| e.with_backend(BACKEND))?;
-        if let Some(owner) = config.owner_value() {
+        if let Some(owner) = config.get_owner() {
             core = core.with_owner(owner.clone());
         }
-        let sql = Statements::new(config.lock_table_name(), config.fencing_table_name());
+        let sql = Statements::new(config.get_lock_table(), config.get_fencing_table());
         let options = config.connect_options();
         let endpoint = config.endpoint();
-        let timeout = config.connect_timeout_value();
+        let timeout = config.get_connect_timeout();
         let server_version = tokio::time::timeout(
             timeout,
-            prepare(&options, &sql, config.create_tables_value(), &endpoint),
+            prepare(&options, &sql, config.get_create_tables(), &endpoint),
         )
         .await
         .map_err(|_| {
@@ -122,12 +122,12 @@ impl MysqlLock {
             )
             .with_backend(BACKEND)
         })??;
-        let size = config.pool_size_value();
+        let size = config.get_pool_size();
         let pool = || Pool::connect_lazy(options.clone(), size, timeout);
         let holders = pool();
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
-        let operation_timeout = config.operation_timeout_value();
+        let operation_timeout = config.get_operation_timeout();
         let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
             pool: pool(),
@@ -136,13 +136,13 @@ impl MysqlLock {
             sql,
             endpoint,
             operation_timeout,
-            backoff: config.backoff_value(),
-            sweep_batch: config.sweep_batch_value(),
+            backoff: config.get_backoff(),
+            sweep_batch: config.get_sweep_batch(),
             swept: AtomicU64::new(0),
             server_version,
         });
         let sweeper = config
-            .sweep_interval_value()
+            .get_sweep_interval()
             .map(|every| tokio::spawn(sweep_loop(inner.clone(), every)));
         Ok(Self {
             inner,

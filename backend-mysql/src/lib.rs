@@ -27,6 +27,22 @@ pub use sqlx;
 /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
 pub const BACKEND: &str = "mysql";
 
+/// The MySQL/MariaDB backend, described once for the facade, the benchmark and the tests.
+pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
+    id: BACKEND,
+    label: "MySQL/MariaDB",
+    schemes: &["mysql", "mariadb"],
+    test_url_var: "DISTLOCK_MYSQL_URL",
+    test_url_default: "mysql://distlock:distlock@127.0.0.1:3306/distlock",
+    capabilities: CAPABILITIES,
+    connect: |url| {
+        Box::pin(async move {
+            let lock = MysqlLock::connect(MysqlConfig::from_url(&url)?).await?;
+            Ok(std::sync::Arc::new(lock) as SharedLock)
+        })
+    },
+};
+
 /// The DDL of the lock table, as `connect` runs it (`{locks}` stands for the table name).
 pub const LOCK_TABLE_DDL: &str = include_str!("sql/create_locks.sql");
 /// The DDL of the fencing table, as `connect` runs it (`{fencing}` stands for the table name).

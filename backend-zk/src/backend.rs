@@ -56,9 +56,10 @@ impl ZkLock {
     /// task that watches the session. An ensemble that cannot be reached within the connect
     /// timeout is [`ErrorKind::Unavailable`].
     pub async fn connect(config: ZkConfig) -> Result<Self> {
+        config.validate()?;
         let session = session::open(&config, 0).await?;
         let mut core = ClientCore::new("zk");
-        if let Some(owner) = &config.owner {
+        if let Some(owner) = &config.client.owner {
             core = core.with_owner(owner.clone());
         }
         // The watchdog renews every TTL/3 of the lease the session grants; asking for another

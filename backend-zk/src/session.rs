@@ -103,10 +103,10 @@ impl Session {
 /// Connects to the ensemble and makes sure the chroot and base path exist, all within the
 /// connect timeout.
 pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
-    let limit = config.connect_timeout;
+    let limit = config.client.connect_timeout;
     let connect = async {
         let client = zk::Client::connector()
-            .with_session_timeout(config.session_timeout)
+            .with_session_timeout(config.client.default_ttl)
             .connect(&config.hosts)
             .await
             .map_err(|e| zk_error(e, "cannot establish a session"))?;
@@ -142,7 +142,7 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
         epoch,
         lost: AtomicBool::new(false),
         ended: watch::channel(false).0,
-        op_timeout: timeout.max(limit),
+        op_timeout: timeout.max(config.client.operation_timeout),
         client,
     })
 }

@@ -16,7 +16,7 @@ struct Zk {
 impl Zk {
     fn from_env() -> Self {
         Self {
-            url: std::env::var("DISTLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into()),
+            url: distlock_zk::DESCRIPTOR.test_url(),
         }
     }
 
@@ -42,7 +42,7 @@ impl Zk {
     }
 
     fn base(&self) -> Result<String> {
-        Ok(self.config()?.base().to_string())
+        Ok(self.config()?.get_base_path().to_string())
     }
 }
 
@@ -80,13 +80,13 @@ impl distlock_conformance::Harness for Zk {
     /// keeps renewing: short, so that renewal and loss cases run in seconds (the server allows
     /// down to 2 ticks).
     async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = ZkConfig::from_url(url)?.session_timeout(self.short_ttl())?;
+        let config = ZkConfig::from_url(url)?.default_ttl(self.short_ttl());
         Ok(Arc::new(ZkLock::connect(config).await?))
     }
 
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let config = ZkConfig::from_url("zk://127.0.0.1:1")
-            .and_then(|c| c.connect_timeout(self.connect_timeout()));
+            .map(|c| c.connect_timeout(self.connect_timeout()));
         Some(match config {
             Ok(config) => ZkLock::connect(config)
                 .await

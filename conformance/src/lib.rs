@@ -26,4 +26,4 @@ pub use harness::Harness;
 pub use local::{free_ports, send_signal, watch_lost};
 pub use proxy::{hosts_of, reroute, Proxy};
 pub use runner::{run, skipped_by_env};
-pub use suite::{with_options, ConnectFn, Suite};
+pub use suite::{with_options, Suite};

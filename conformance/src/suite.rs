@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::backend::testing::{Admin, AdminFn};
-use distlock_api::{Capabilities, DistributedLock, Error, ErrorKind, LockName, Result};
-use futures::future::BoxFuture;
+use distlock_api::{
+    BackendDescriptor, Capabilities, ConnectFn, DistributedLock, Error, ErrorKind, LockName, Result,
+};
 
 use crate::harness::Harness;
 use crate::proxy::reroute;
 
-/// Connects to a backend from a URL.
-pub type ConnectFn = fn(String) -> BoxFuture<'static, Result<Arc<dyn DistributedLock>>>;
 
 /// A backend under test, described by data.
 pub struct Suite {
@@ -102,6 +101,16 @@ impl Suite {
     pub fn start_hint(mut self, hint: &'static str) -> Self {
         self.start_hint = hint;
         self
+    }
+
+    /// The backend `descriptor` describes, on its test server.
+    pub fn of(descriptor: &'static BackendDescriptor) -> Self {
+        Self::new(
+            descriptor.id,
+            descriptor.capabilities,
+            descriptor.test_url(),
+            descriptor.connect,
+        )
     }
 
     fn admin_of(&self) -> Result<AdminFn> {

@@ -26,6 +26,8 @@
 
 pub mod backend;
 mod capability;
+pub mod config;
+mod descriptor;
 mod error;
 mod ext;
 mod grant;
@@ -40,6 +42,8 @@ mod settle;
 mod watchdog;
 
 pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+pub use config::ClientOptions;
+pub use descriptor::{BackendDescriptor, ConnectFn, MEMORY};
 pub use error::{Error, ErrorKind, LostReason, Result};
 pub use ext::LockExt;
 pub use grant::{FencingToken, Grant, LockInfo, MAX_TTL, MAX_WAIT};
