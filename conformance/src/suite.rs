@@ -15,7 +15,6 @@ use distlock_api::{
 use crate::harness::Harness;
 use crate::proxy::reroute;
 
-
 /// A backend under test, described by data.
 pub struct Suite {
     id: &'static str,
@@ -61,6 +60,12 @@ impl Suite {
     /// The backend's test-only admin (behind its `testing` feature).
     pub fn admin(mut self, admin: AdminFn) -> Self {
         self.admin = Some(admin);
+        self
+    }
+
+    /// Makes the suite's clients with `connect` instead.
+    pub fn connect_with(mut self, connect: ConnectFn) -> Self {
+        self.connect = connect;
         self
     }
 
