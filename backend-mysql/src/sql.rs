@@ -121,7 +121,8 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
-    /// The lock table's (validated) name.
+    /// The lock table's (validated) name, for the test-only admin.
+    #[cfg(feature = "testing")]
     pub(crate) locks: Arc<str>,
 }
 
@@ -151,6 +152,7 @@ impl Statements {
             clear_expired: r(CLEAR_EXPIRED),
             renew: r(RENEW),
             sweep: r(SWEEP),
+            #[cfg(feature = "testing")]
             locks: locks.into(),
         }
     }
