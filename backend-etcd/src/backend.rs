@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_api::wait::{self, Attempt, Waiting};
+use distlock_api::backend::wait::{self, Attempt, Waiting};
+use distlock_api::backend::{AcquireRequest, ClientCore};
 use distlock_api::{
-    AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error, Fencing, Grant,
-    LeaseKind, LockInfo, LockName, LostReason, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, Fencing, Grant, LeaseKind, LockInfo, LockName,
+    LostReason, Result, TtlSupport,
 };
 use etcd_client::{Client, ConnectOptions};
 use tokio::task::JoinHandle;

@@ -7,11 +7,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Armed, Cleanup};
-use distlock_api::{
-    lost, AcquireRequest, ClientCore, Error, ErrorKind, FencingToken, Grant, LockInfo, LockName,
-    Result,
-};
+use distlock_api::backend::wait::{Armed, Cleanup};
+use distlock_api::backend::{lost, AcquireRequest, ClientCore};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, Result};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,

@@ -4,8 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{self, Attempt};
-use distlock_api::{AcquireRequest, Error, ErrorKind, Grant, Result};
+use distlock_api::backend::wait::{self, Attempt};
+use distlock_api::backend::AcquireRequest;
+use distlock_api::{Error, ErrorKind, Grant, Result};
 use etcd_client::{
     Compare, CompareOp, EventType, SortOrder, Txn, TxnOp, WatchFilterType, WatchOptions,
 };

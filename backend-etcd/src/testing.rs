@@ -4,8 +4,9 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+use distlock_api::backend::async_trait;
 use distlock_api::backend::testing::Admin;
-use distlock_api::{async_trait, DistributedLock, LockName, Result};
+use distlock_api::{DistributedLock, LockName, Result};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 
 use crate::keys;

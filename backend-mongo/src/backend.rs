@@ -4,10 +4,11 @@ use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
-    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, Result, TtlSupport,
 };
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use distlock_api::{check_ttl, Error, OwnerId, Result, DEFAULT_TTL};
+use distlock_api::backend::check_ttl;
+use distlock_api::{Error, OwnerId, Result, DEFAULT_TTL};
 use mongodb::options::{ConnectionString, HostInfo};
 
 /// The database used when neither the URL's path nor [`MongoConfig::database`] names one.

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use distlock_api::backend::async_trait;
 use distlock_api::backend::testing::Admin;
-use distlock_api::{async_trait, Error, LockName, Result};
+use distlock_api::{Error, LockName, Result};
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
 

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{async_trait, Capabilities, DistributedLock, Error, LockName, Result};
+use distlock_api::backend::async_trait;
+use distlock_api::{Capabilities, DistributedLock, Error, LockName, Result};
 use distlock_mongo::mongodb::bson::{doc, Bson, Document};
 use distlock_mongo::{fields, mongodb, MongoConfig, MongoLock};
 use futures::TryStreamExt;

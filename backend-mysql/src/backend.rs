@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
-    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
-    TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlQueryResult};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use distlock_api::backend::async_trait;
 use distlock_api::backend::testing::Admin;
-use distlock_api::{async_trait, LockName, Result};
+use distlock_api::{LockName, Result};
 use sqlx::AssertSqlSafe;
 
 use crate::error::map_error;

@@ -4,10 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock,
-    Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
+    LockName, Result, TtlSupport,
 };
 
 use crate::config::RedisConfig;

@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use distlock_api::{check_ttl, Error, ErrorKind, LockName, OwnerId, Result, DEFAULT_TTL};
+use distlock_api::backend::check_ttl;
+use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result, DEFAULT_TTL};
 
 use crate::keys::{check_prefix, KeySpace};
 

@@ -19,8 +19,8 @@ pub use config::{
 pub use redlock::{master_deadline, RedLock, MIN_MASTER_DEADLINE, REDLOCK_CAPABILITIES};
 
 pub use distlock_api::{
-    Capabilities, ClientCore, DistributedLock, Error, ErrorKind, FencingToken, Lease, LockExt,
-    LockGuard, LockInfo, LockName, LockOptions, LostReason, OwnerId, Result,
+    Capabilities, DistributedLock, Error, ErrorKind, FencingToken, Lease, LockExt, LockGuard,
+    LockInfo, LockName, LockOptions, LostReason, OwnerId, Result,
 };
 /// The `redis` driver this backend is built on.
 pub use redis;

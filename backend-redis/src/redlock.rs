@@ -38,11 +38,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, drift, lost, safe_until, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, drift, lost, safe_until, AcquireRequest, Blocking, Capabilities, ClientCore,
-    DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName,
-    OwnerId, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
 };
 use futures::future::{join_all, BoxFuture};
 use futures::stream::{FuturesUnordered, StreamExt};

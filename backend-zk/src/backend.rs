@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Waiting};
+use distlock_api::backend::wait::{Attempt, Waiting};
+use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
-    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
-    TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
 };
 use tokio::sync::oneshot;
 use zookeeper_client as zk;

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Armed, Cleanup};
+use distlock_api::backend::wait::{Armed, Cleanup};
 use distlock_api::{Error, ErrorKind};
 use tokio::sync::oneshot;
 use zookeeper_client as zk;

@@ -7,10 +7,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use distlock_api::{
-    lost, AcquireRequest, ClientCore, Error, ErrorKind, FencingToken, Grant, LockName, LostReason,
-    OwnerId, Result,
-};
+use distlock_api::backend::{lost, AcquireRequest, ClientCore};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, LostReason, OwnerId, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use zookeeper_client as zk;

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use distlock_api::{wait, AcquireRequest, Error, ErrorKind, FencingToken, Grant, Result};
+use distlock_api::backend::{wait, AcquireRequest};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, Result};
 use zookeeper_client as zk;
 
 use crate::cleanup::{settle, spawn_delete, QueueNodes};

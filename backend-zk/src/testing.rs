@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use distlock_api::backend::async_trait;
 use distlock_api::backend::testing::Admin;
-use distlock_api::{async_trait, Error, ErrorKind, LockName, Result};
+use distlock_api::{Error, ErrorKind, LockName, Result};
 use zookeeper_client as zk;
 
 use crate::path;

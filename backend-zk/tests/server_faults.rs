@@ -183,7 +183,7 @@ async fn holder_keeps_the_lock_across_a_kill_and_restart_within_the_session_time
 
     // A renewal sent after the kill succeeds (the one due in the outage waits for the restarted
     // server): safe-until moves past what only such a renewal can give, before it ran out.
-    let renewed_lease = killed_at + RESTART_SESSION - distlock_api::drift(RESTART_SESSION);
+    let renewed_lease = killed_at + RESTART_SESSION - distlock_api::backend::drift(RESTART_SESSION);
     let renewed_by = Instant::now() + BOUND;
     while g.safe_until().expect("a leased lock") <= renewed_lease {
         assert!(

@@ -20,7 +20,7 @@
 //! `default_ttl=1500ms`. Older per-backend names stay accepted as aliases: `response_timeout`
 //! (Redis) and `request_timeout` (etcd) for `operation_timeout`, `lease_ttl` (etcd) and
 //! `session_timeout` (ZooKeeper) for `default_ttl`. Timeouts lie in 1 ms ..= 10 min; TTLs are
-//! checked by [`check_ttl`](crate::check_ttl).
+//! checked by [`check_ttl`](crate::backend::check_ttl()).
 //!
 //! # Builder style
 //!

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, Either};
 
+use crate::backend::wait::{self, Attempt, Waiting};
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
@@ -16,7 +17,6 @@ use crate::name::{check_name, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 use crate::settle::{self, InFlight};
-use crate::wait::{self, Attempt, Waiting};
 use futures::TryFutureExt;
 use tracing::Instrument;
 
@@ -586,7 +586,7 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
 struct Plan<'a> {
     /// Who keeps the guard: it grants on the spot if it is the lock's server too.
     keeper: &'a dyn LeaseKeeper,
-    /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::ClientCore::owner_for)).
+    /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::backend::ClientCore::owner_for)).
     owner: OwnerId,
     ttl: Duration,
     renew: Option<Duration>,

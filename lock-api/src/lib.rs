@@ -52,13 +52,3 @@ pub use lock::{DistributedLock, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_OWNER_TEXT_LEN};
 pub use options::{Lease, LockOptions};
-
-// What backends import from here until they import it from `backend`; not part of the
-// documented user API.
-#[doc(hidden)]
-pub use backend::wait;
-#[doc(hidden)]
-pub use backend::{
-    async_trait, check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, ClientCore,
-    LeaseKeeper, OnTheSpot,
-};

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
+use crate::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::capability::Capabilities;
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::grant::{safe_until, AcquireRequest, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState, Holds};
 use crate::name::{LockName, OwnerId};
-use crate::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::watchdog::{Renewer, Watchdog};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
+use crate::backend::wait::{timeout, Attempt, Waiting};
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
 use crate::error::LostReason;
 use crate::error::{Error, ErrorKind, Result};
@@ -24,7 +25,6 @@ use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant,
 use crate::keeper::{Hold, HoldState};
 use crate::lock::{sealed::Sealed, ClientCore, DistributedLock, LeaseKeeper, OnTheSpot};
 use crate::name::{LockName, OwnerId};
-use crate::wait::{timeout, Attempt, Waiting};
 
 /// The backend's name, as errors, traces and metrics show it.
 pub(crate) const BACKEND: &str = "memory";
