@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use distlock_api::wait::{Attempt, Notices, Waiting};
 use distlock_api::{
-    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
-    LockName, MemoryLock, Result, SharedLock,
+    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LeaseKeeper,
+    LockInfo, LockName, Result, SharedLock,
 };
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
@@ -17,10 +17,10 @@ use distlock_api::{
 /// wrapper, because a guard keeps the handle it was acquired with.
 pub(crate) struct Counting {
     inner: SharedLock,
-    /// Whether to forward [`DistributedLock::in_process`]: true gives the in-memory backend's
+    /// Whether to forward [`DistributedLock::keeper`]: true gives the in-memory backend's
     /// guards as users get them (the store keeps their leases: nothing to renew); false puts
     /// its guards in the watchdog's care like a networked backend's.
-    in_process: bool,
+    forward_keeper: bool,
     renewals: AtomicU64,
     requests: AtomicU64,
     renew_errors: AtomicU64,
@@ -31,7 +31,7 @@ impl Counting {
     pub(crate) fn new(inner: SharedLock) -> Self {
         Self {
             inner,
-            in_process: true,
+            forward_keeper: true,
             renewals: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             renew_errors: AtomicU64::new(0),
@@ -43,7 +43,7 @@ impl Counting {
     #[cfg(test)]
     pub(crate) fn watched(inner: SharedLock) -> Self {
         Self {
-            in_process: false,
+            forward_keeper: false,
             ..Self::new(inner)
         }
     }
@@ -112,8 +112,12 @@ impl DistributedLock for Counting {
         self.inner.release(grant).await
     }
 
-    fn in_process(&self) -> Option<&MemoryLock> {
-        self.inner.in_process().filter(|_| self.in_process)
+    fn keeper(&self) -> &dyn LeaseKeeper {
+        if self.forward_keeper {
+            self.inner.keeper()
+        } else {
+            self.inner.core().watchdog_keeper()
+        }
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

@@ -15,12 +15,9 @@
 
 pub mod cases;
 mod harness;
-mod lease;
 mod local;
-mod ownership;
 mod proxy;
 mod runner;
-mod scoped;
 
 pub use harness::Harness;
 pub use local::{free_ports, send_signal, watch_lost};

@@ -1,5 +1,5 @@
 //! The in-memory reference backend against the whole suite once more, behind a wrapper that
-//! hides `DistributedLock::in_process`: its guards then take the path every networked
+//! hides `DistributedLock::keeper`: its guards then take the path every networked
 //! backend's take (watchdog enrolment, renewals through `renew`, release through the async
 //! primitive), so that path is checked against the reference model too.
 

@@ -4,14 +4,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::Either;
+use futures::future::{BoxFuture, Either};
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::guard::{context, LockGuard};
+use crate::keeper::{Hold, LeaseKeeper, OnTheSpot};
 use crate::lock::DistributedLock;
-use crate::memory::MemoryLock;
 use crate::name::{check_name, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
@@ -220,14 +220,32 @@ pub(crate) async fn try_lock_with(
             None,
             reenter,
         )?;
-        if let Some(mem) = plan.mem {
-            let started = observe::stamp();
-            let kept = plan.renew.is_some();
-            let grant = mem.grant_now(name, plan.owner, plan.ttl, kept).ok();
-            let outcome = if grant.is_some() { "granted" } else { "held" };
-            observe::acquire_metrics(crate::memory::BACKEND, false, outcome, started);
-            return Ok(grant.map(|(g, at)| LockGuard::local(this.clone(), g, kept, at)));
-        }
+        let started = observe::stamp();
+        let Plan {
+            keeper,
+            owner,
+            ttl,
+            renew,
+            leased,
+        } = plan;
+        let owner = match keeper.grant_now(name, owner, ttl, renew.is_some()) {
+            OnTheSpot::Granted(hold) => {
+                observe::acquire_metrics_of(&**this, false, "granted", started);
+                return Ok(Some(LockGuard::kept(this.clone(), hold)));
+            }
+            OnTheSpot::Held(_) => {
+                observe::acquire_metrics_of(&**this, false, "held", started);
+                return Ok(None);
+            }
+            OnTheSpot::NotHere(owner) => owner,
+        };
+        let plan = Plan {
+            keeper,
+            owner,
+            ttl,
+            renew,
+            leased,
+        };
         Box::pin(async move {
             let (req, plan) = plan.request(name);
             let backend = this.core().backend();
@@ -268,7 +286,7 @@ async fn lock_with(
     spend_budget().await;
     // The plan is made after the await above and lives in this block only, so this future's
     // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
-    let acquire = {
+    let acquire = 'acquire: {
         let plan = Plan::new(
             &**this,
             name,
@@ -278,57 +296,87 @@ async fn lock_with(
         )?;
         let wait = wait.unwrap_or(Duration::ZERO);
         let started = observe::stamp();
-        if let Some(mem) = plan.mem {
-            let (kept, ttl) = (plan.renew.is_some(), plan.ttl);
-            let owner = match mem.grant_now(name, plan.owner, ttl, kept) {
-                Ok((grant, at)) => {
-                    observe::acquire_metrics(crate::memory::BACKEND, true, "granted", started);
-                    return Ok(LockGuard::local(this.clone(), grant, kept, at));
-                }
-                Err(owner) => owner,
-            };
-            // Held: queue for it.
-            Either::Left(Box::pin(async move {
+        let Plan {
+            keeper,
+            owner,
+            ttl,
+            renew,
+            leased,
+        } = plan;
+        let owner = match keeper.grant_now(name, owner, ttl, renew.is_some()) {
+            OnTheSpot::Granted(hold) => {
+                observe::acquire_metrics_of(&**this, true, "granted", started);
+                return Ok(LockGuard::kept(this.clone(), hold));
+            }
+            OnTheSpot::Held(owner) => {
+                // The keeper is the lock's server, and queues for it.
                 let req = AcquireRequest {
                     name: LockName::checked(name),
                     owner,
                     ttl,
                 };
-                let span = observe::acquire_span(crate::memory::BACKEND, name, true);
-                let result = mem
-                    .acquire_kept(&req, wait, kept)
-                    .instrument(span.clone())
-                    .await
-                    .map_err(|e| context(e, &**this, &req.name))
-                    .map(|grant| LockGuard::local(this.clone(), grant, kept, usize::MAX));
-                let outcome = Acquired::of(&result, |g| Some(g.token().0));
-                observe::acquired(&span, crate::memory::BACKEND, true, outcome, started);
-                result
-            }))
-        } else {
-            Either::Right(Box::pin(async move {
-                let (req, plan) = plan.request(name);
-                let backend = this.core().backend();
-                let span = observe::acquire_span(backend, name, true);
-                let in_flight = InFlight::new(&**this, &req);
-                let waited = acquire_waiting(this, &req, wait);
-                let result = match waited.instrument(span.clone()).await {
-                    Ok(grant) => {
-                        in_flight.landed();
-                        Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
-                    }
-                    Err(e) => {
-                        in_flight.failed();
-                        Err(acquire_failed(this, &req, e))
-                    }
-                };
-                let outcome = Acquired::of(&result, |g| Some(g.token().0));
-                observe::acquired(&span, backend, true, outcome, started);
-                result
-            }))
-        }
+                let queued = keeper
+                    .queue_now(req, wait, renew.is_some())
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Backend,
+                            "a keeper that grants on the spot must queue on the spot",
+                        )
+                    })?;
+                break 'acquire Either::Left(waited_on_the_spot(this, name, queued, started));
+            }
+            OnTheSpot::NotHere(owner) => owner,
+        };
+        let plan = Plan {
+            keeper,
+            owner,
+            ttl,
+            renew,
+            leased,
+        };
+        Either::Right(Box::pin(async move {
+            let (req, plan) = plan.request(name);
+            let backend = this.core().backend();
+            let span = observe::acquire_span(backend, name, true);
+            let in_flight = InFlight::new(&**this, &req);
+            let waited = acquire_waiting(this, &req, wait);
+            let result = match waited.instrument(span.clone()).await {
+                Ok(grant) => {
+                    in_flight.landed();
+                    Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
+                }
+                Err(e) => {
+                    in_flight.failed();
+                    Err(acquire_failed(this, &req, e))
+                }
+            };
+            let outcome = Acquired::of(&result, |g| Some(g.token().0));
+            observe::acquired(&span, backend, true, outcome, started);
+            result
+        }))
     };
     acquire.await
+}
+
+/// The wait of a keeper that is the lock's server, in its own queue.
+fn waited_on_the_spot<'a>(
+    this: &'a Arc<dyn DistributedLock>,
+    name: &'a str,
+    queued: BoxFuture<'a, Result<Hold>>,
+    started: observe::Stamp,
+) -> BoxFuture<'a, Result<LockGuard>> {
+    Box::pin(async move {
+        let backend = this.core().backend();
+        let span = observe::acquire_span(backend, name, true);
+        let result = queued
+            .instrument(span.clone())
+            .await
+            .map_err(|e| context(e, &**this, &LockName::checked(name)))
+            .map(|hold| LockGuard::kept(this.clone(), hold));
+        let outcome = Acquired::of(&result, |g| Some(g.token().0));
+        observe::acquired(&span, backend, true, outcome, started);
+        result
+    })
 }
 
 /// One attempt of `req`, safe to drop at any point: once its request may have been sent, a
@@ -418,11 +466,7 @@ pub(crate) async fn reenter(
             .with_backend(this.core().backend())
             .with_lock(name))
     };
-    let reentrant = match this.in_process() {
-        Some(_) => crate::memory::CAPABILITIES.reentrant,
-        None => this.capabilities().reentrant,
-    };
-    if !reentrant {
+    if !this.capabilities().reentrant {
         return fail(
             ErrorKind::Unsupported,
             "this backend is not reentrant: a holder cannot take its lock twice",
@@ -499,8 +543,8 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
 /// A validated acquire: the lease, the owner, and how the guard keeps its lease. The name is
 /// checked, not yet copied: the in-memory backend finds a name it has seen by `&str`.
 struct Plan<'a> {
-    /// The in-memory backend, if this is it.
-    mem: Option<&'a MemoryLock>,
+    /// Who keeps the guard: it grants on the spot if it is the lock's server too.
+    keeper: &'a dyn LeaseKeeper,
     /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::ClientCore::owner_for)).
     owner: OwnerId,
     ttl: Duration,
@@ -537,11 +581,7 @@ impl<'a> Plan<'a> {
             Lease::WatchdogTtl(ttl) => (ttl, Some(ttl)),
             Lease::Fixed(ttl) => (ttl, None),
         };
-        let mem = backend.in_process();
-        let caps = match mem {
-            Some(_) => crate::memory::CAPABILITIES,
-            None => backend.capabilities(),
-        };
+        let caps = backend.capabilities();
         if renew.is_none() && caps.ttl.kind != LeaseKind::PerLock {
             return Err(with_ctx(Error::new(
                 ErrorKind::Unsupported,
@@ -555,7 +595,7 @@ impl<'a> Plan<'a> {
             None => core.owner_for(options.owner.as_ref()).map_err(with_ctx)?,
         };
         Ok(Self {
-            mem,
+            keeper: backend.keeper(),
             owner,
             ttl,
             renew,

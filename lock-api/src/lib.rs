@@ -31,6 +31,7 @@ mod error;
 mod ext;
 mod grant;
 mod guard;
+pub mod keeper;
 mod lock;
 pub mod memory;
 mod name;
@@ -49,7 +50,8 @@ pub use grant::{
     check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo,
     MAX_TTL, MAX_WAIT,
 };
-pub use guard::{LockGuard, LostReason};
+pub use guard::LockGuard;
+pub use keeper::{LeaseKeeper, LostReason};
 pub use lock::{ClientCore, DistributedLock, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_OWNER_TEXT_LEN};

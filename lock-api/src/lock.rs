@@ -9,11 +9,11 @@ use async_trait::async_trait;
 use crate::capability::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{AcquireRequest, Grant, LockInfo};
+use crate::keeper::{LeaseKeeper, LostReason};
 use crate::name::{LockName, OwnerId};
 use crate::settle::Holds;
 use crate::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::watchdog::Watchdog;
-use crate::{LostReason, MemoryLock};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -108,11 +108,12 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
     async fn release(&self, grant: &Grant) -> Result<bool>;
 
-    /// The in-memory backend, if this is it. Its guards are kept by the store itself rather
-    /// than by the client's watchdog: see [`MemoryLock`]. The default, `None`, gives the guards
-    /// every networked backend gets; a wrapper may forward it.
-    fn in_process(&self) -> Option<&MemoryLock> {
-        None
+    /// Who keeps this backend's guards once acquired ([`LeaseKeeper`]): the client's watchdog,
+    /// the default, which renews their leases against the server and fires `lost()`. The
+    /// in-memory backend's store keeps its own. A backend that wraps another forwards it when
+    /// the inner backend's guards should stay as they are.
+    fn keeper(&self) -> &dyn LeaseKeeper {
+        self.core().watchdog_keeper()
     }
 
     /// Extends `grant`'s lease to at least `ttl` from now, if it still holds the lock, and
@@ -304,7 +305,10 @@ impl ClientCore {
         self.default_ttl
     }
 
-    pub(crate) fn watchdog(&self) -> &Watchdog {
+    /// This client's watchdog as a [`LeaseKeeper`]: what [`DistributedLock::keeper`] returns
+    /// unless a backend keeps its guards itself, and what a wrapper returns to put another
+    /// backend's guards in the watchdog's care.
+    pub fn watchdog_keeper(&self) -> &dyn LeaseKeeper {
         &self.watchdog
     }
 

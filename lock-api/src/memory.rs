@@ -10,17 +10,17 @@
 //! a lock cycle costs a few hundred nanoseconds and holding many locks costs no renewal work.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{oneshot, Notify};
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
 
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
-use crate::guard::LostReason;
+use crate::keeper::{Hold, HoldState, LeaseKeeper, LostReason, OnTheSpot};
 use crate::lock::{ClientCore, DistributedLock};
 use crate::name::{LockName, OwnerId};
 use crate::wait::{timeout, Attempt, Waiting};
@@ -70,7 +70,7 @@ struct Slot {
     /// in-process guard of it reports as its lost reason.
     ended: Option<(FencingToken, LostReason)>,
     /// The `lost()` futures of in-process guards of the current holder, told when it goes.
-    watchers: Vec<Weak<LocalWatch>>,
+    watchers: Vec<Weak<HoldState>>,
     /// The owner id of the last holder, kept when it goes: a client that takes the name again
     /// (the usual pattern) gets it back instead of a fresh clone, so a lock cycle costs the
     /// owner's reference count nothing.
@@ -111,16 +111,8 @@ struct Waiter {
     tx: oneshot::Sender<Grant>,
 }
 
-/// What the `lost()` future of an in-process guard waits on: the store tells it when the
-/// guard's holder goes, the guard when it is released.
-#[derive(Default)]
-pub(crate) struct LocalWatch {
-    pub(crate) released: AtomicBool,
-    pub(crate) changed: Notify,
-}
-
 /// Whether an in-process guard still holds its lock, as the store sees it.
-pub(crate) enum LocalStatus {
+enum LocalStatus {
     /// Held; safe until then (`None`: kept by the store while the guard lives).
     Held(Option<Instant>),
     Lost(LostReason),
@@ -387,7 +379,7 @@ impl MemoryStore {
 /// as long as its guard lives (so the client's watchdog has nothing to renew), a dropped guard
 /// releases at once, with or without a runtime, and `lost()` hears from the store the moment
 /// the lock is removed. A wrapper around it that does not forward
-/// [`DistributedLock::in_process`] gets the guards every networked backend gets instead.
+/// [`DistributedLock::keeper`] gets the guards every networked backend gets instead.
 pub struct MemoryLock {
     store: MemoryStore,
     core: ClientCore,
@@ -417,20 +409,21 @@ impl MemoryLock {
     }
 }
 
-impl MemoryLock {
+impl MemoryStore {
     /// The acquire attempt: granted at once if free or held by `owner`, with the index of
     /// the name's slot. `name` has passed [`check_name`](crate::name::check_name); a name locked
     /// before (the common case) is found by `&str` and its grant shares the slot's name, so
     /// nothing is allocated.
     /// `owner` moves into the grant, or comes back when the lock is held by someone else.
-    pub(crate) fn grant_now(
+    #[inline(always)]
+    fn grant(
         &self,
         name: &str,
         owner: OwnerId,
         ttl: Duration,
         kept: bool,
     ) -> std::result::Result<(Grant, usize), OwnerId> {
-        let mut s = self.store.lock();
+        let mut s = self.lock();
         let now = Instant::now();
         if let Some(&at) = s.index.get(name) {
             return s.slots[at]
@@ -443,24 +436,19 @@ impl MemoryLock {
 
     /// Gives up one hold of `grant`; false if it no longer held the lock. `at`: the index of
     /// its slot, if known (else anything out of range, such as `usize::MAX`).
-    pub(crate) fn release_now(&self, grant: &Grant, kept: bool, at: usize) -> bool {
-        self.store
-            .lock()
+    fn release_at(&self, grant: &Grant, kept: bool, at: usize) -> bool {
+        self.lock()
             .find(&grant.name, Some(at))
             .is_some_and(|slot| slot.release(grant, kept))
     }
 
-    /// Whether `grant` (of an in-process guard; `kept` as it was granted) still holds its lock.
-    /// With `watch`, the store also tells it when the holder goes.
-    pub(crate) fn local_status(
-        &self,
-        grant: &Grant,
-        kept: bool,
-        watch: Option<&Arc<LocalWatch>>,
-    ) -> LocalStatus {
-        let mut s = self.store.lock();
+    /// Whether `hold` (of an in-process guard) still holds its lock. With `watch`, the store
+    /// also tells it when the holder goes.
+    fn status(&self, hold: &Hold, watch: Option<&Arc<HoldState>>) -> LocalStatus {
+        let (grant, kept) = (&hold.grant, hold.kept.get());
+        let mut s = self.lock();
         let now = Instant::now();
-        let Some(slot) = s.find(&grant.name, None) else {
+        let Some(slot) = s.find(&grant.name, usize::try_from(hold.ticket).ok()) else {
             return LocalStatus::Lost(removed());
         };
         if let Some(h) = slot.holder_of(grant) {
@@ -488,19 +476,14 @@ impl MemoryLock {
         })
     }
 
-    /// Acquires for the conveniences, waiting up to `wait`; `kept` as for
-    /// [`grant_now`](Self::grant_now).
-    pub(crate) async fn acquire_kept(
-        &self,
-        req: &AcquireRequest,
-        wait: Duration,
-        kept: bool,
-    ) -> Result<Grant> {
+    /// Waits up to `wait` for `req`'s lock in the name's queue; `kept` as for
+    /// [`LeaseKeeper::grant_now`].
+    async fn queue(&self, req: &AcquireRequest, wait: Duration, kept: bool) -> Result<Grant> {
         tokio::task::coop::consume_budget().await;
         let started = Instant::now();
         let deadline = started + wait;
         let mut queued = {
-            let mut s = self.store.lock();
+            let mut s = self.lock();
             s.next_waiter += 1;
             let id = s.next_waiter;
             let (_, slot) = s.slot(&req.name);
@@ -516,7 +499,7 @@ impl MemoryLock {
                 tx,
             });
             QueuedWaiter {
-                store: &self.store,
+                store: self,
                 name: &req.name,
                 id,
                 rx,
@@ -527,7 +510,7 @@ impl MemoryLock {
             // Wake at the deadline or when the holder's lease runs out, whichever is first: an
             // expired holder sends no notice.
             let wake = {
-                let mut s = self.store.lock();
+                let mut s = self.lock();
                 let expiry = s
                     .find(&req.name, None)
                     .and_then(|slot| slot.holder.as_ref())
@@ -546,7 +529,7 @@ impl MemoryLock {
                 }
                 _ = tokio::time::sleep_until(wake.into()) => {
                     let now = Instant::now();
-                    self.store.lock().slot(&req.name).1.dispatch(now);
+                    self.lock().slot(&req.name).1.dispatch(now);
                     if now >= deadline {
                         if let Ok(grant) = queued.rx.try_recv() {
                             queued.done = true;
@@ -556,6 +539,109 @@ impl MemoryLock {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The store keeps the leases of its own guards: a watchdog-managed lease stays alive while its
+/// guard lives (the renewals could not fail: client and "server" share one process), `lost()`
+/// hears from the store the moment the holder goes, and grants and releases happen on the
+/// spot, with or without a runtime.
+impl LeaseKeeper for MemoryStore {
+    fn keep(
+        &self,
+        backend: &Arc<dyn DistributedLock>,
+        grant: Grant,
+        renew: Option<Duration>,
+        _leased: bool,
+    ) -> Hold {
+        // The store's guards need no count of holds: their releases cannot go unanswered.
+        backend.core().holds().remove(&grant.name, &grant.owner);
+        if let Some(ttl) = renew {
+            let mut s = self.lock();
+            let holder = s
+                .find(&grant.name, None)
+                .and_then(|slot| slot.holder_of(&grant));
+            if let Some(h) = holder {
+                h.kept += 1;
+                h.kept_ttl = h.kept_ttl.max(ttl);
+            }
+        }
+        Hold::new(grant, u64::MAX, renew.is_some())
+    }
+
+    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
+        match self.grant(name, owner, ttl, kept) {
+            Ok((grant, at)) => OnTheSpot::Granted(Hold::new(grant, at as u64, kept)),
+            Err(owner) => OnTheSpot::Held(owner),
+        }
+    }
+
+    fn queue_now<'a>(
+        &'a self,
+        req: AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Option<BoxFuture<'a, Result<Hold>>> {
+        Some(Box::pin(async move {
+            let grant = self.queue(&req, wait, kept).await?;
+            Ok(Hold::new(grant, u64::MAX, kept))
+        }))
+    }
+
+    fn safe_until(&self, hold: &Hold) -> Option<Instant> {
+        let grant = &hold.grant;
+        Some(match self.status(hold, None) {
+            LocalStatus::Held(Some(until)) => until,
+            // Kept: renewed continuously, a full lease from now.
+            LocalStatus::Held(None) => safe_until(Instant::now(), grant.ttl),
+            LocalStatus::Lost(_) => safe_until(grant.sent_at, grant.ttl),
+        })
+    }
+
+    fn lost_reason(&self, hold: &Hold) -> Option<LostReason> {
+        match self.status(hold, None) {
+            LocalStatus::Lost(why) => Some(why),
+            LocalStatus::Held(_) => None,
+        }
+    }
+
+    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason> {
+        match self.status(hold, hold.shared.get()) {
+            LocalStatus::Held(until) => Ok(until),
+            LocalStatus::Lost(why) => Err(why),
+        }
+    }
+
+    fn extended(&self, _: &Hold, _: Instant, _: &Result<Duration>) {
+        // The store has the lease, and tells the guard.
+    }
+
+    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
+        // Marked before the store lets go, so a `lost()` future the store wakes sees a
+        // release, not a loss.
+        let shared = hold.shared.get();
+        if let Some(w) = shared {
+            w.mark_released();
+        }
+        let at = usize::try_from(hold.ticket).unwrap_or(usize::MAX);
+        let released = self.release_at(&hold.grant, hold.kept.get(), at);
+        if let Some(w) = shared {
+            w.changed.notify_waiters();
+        }
+        let outcome = match (dropped, released) {
+            (true, _) => "dropped",
+            (false, true) => "released",
+            (false, false) => "not_held",
+        };
+        crate::observe::released_metrics(BACKEND, outcome);
+        Some(released)
+    }
+
+    fn let_go(&self, hold: &Hold) {
+        if let Some(w) = hold.shared.get() {
+            w.mark_released();
+            w.changed.notify_waiters();
         }
     }
 }
@@ -607,7 +693,10 @@ impl DistributedLock for MemoryLock {
         // conveniences spend it before calling `grant_now`.)
         tokio::task::coop::consume_budget().await;
         Ok(
-            match self.grant_now(req.name.as_str(), req.owner.clone(), req.ttl, false) {
+            match self
+                .store
+                .grant(req.name.as_str(), req.owner.clone(), req.ttl, false)
+            {
                 Ok((grant, _)) => Attempt::Granted(grant),
                 // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
                 Err(_) => Attempt::Held { expires_in: None },
@@ -620,16 +709,16 @@ impl DistributedLock for MemoryLock {
         Waiting::Queue
     }
 
-    fn in_process(&self) -> Option<&MemoryLock> {
-        Some(self)
+    fn keeper(&self) -> &dyn LeaseKeeper {
+        &self.store
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        self.acquire_kept(req, wait, false).await
+        self.store.queue(req, wait, false).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        Ok(self.release_now(grant, false, usize::MAX))
+        Ok(self.store.release_at(grant, false, usize::MAX))
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

@@ -10,7 +10,7 @@
 use tracing::{debug, field, info, warn, Span};
 
 use crate::error::{ErrorKind, Result};
-use crate::guard::LostReason;
+use crate::keeper::LostReason;
 
 /// When an acquire began, for the latency histograms: an `Instant` with the `metrics` feature,
 /// nothing (and no clock read) without.
@@ -132,6 +132,19 @@ pub(crate) fn released(
         _ => debug!(backend, lock = name, token, outcome, "released"),
     }
     released_metrics(backend, outcome);
+}
+
+/// [`acquire_metrics`] with the backend's name asked of `lock` only when metrics are on.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn acquire_metrics_of(
+    lock: &dyn crate::DistributedLock,
+    waits: bool,
+    outcome: &'static str,
+    started: Stamp,
+) {
+    #[cfg(feature = "metrics")]
+    acquire_metrics(lock.core().backend(), waits, outcome, started);
 }
 
 /// The metrics of one release, for the in-memory fast path.

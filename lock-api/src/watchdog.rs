@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::ErrorKind;
 use crate::grant::{safe_until, Grant};
-use crate::guard::{GrantState, LostReason};
+use crate::keeper::{Hold, HoldState, LeaseKeeper, LostReason};
 use crate::lock::DistributedLock;
 
 /// How many renewal requests one client has in flight at most (a batch is one request).
@@ -73,7 +73,8 @@ struct Slot {
 
 struct Entry {
     backend: Weak<dyn DistributedLock>,
-    state: Arc<GrantState>,
+    grant: Grant,
+    state: Arc<HoldState>,
     /// `Some` for watchdog-managed leases: the TTL to renew with and when to renew next.
     renew: Option<(Duration, Instant)>,
     in_flight: bool,
@@ -97,7 +98,7 @@ impl Entry {
         Due {
             id,
             backend,
-            grant: self.state.grant.clone(),
+            grant: self.grant.clone(),
             ttl,
         }
     }
@@ -247,11 +248,11 @@ impl Watchdog {
     pub(crate) fn register(
         &self,
         backend: Weak<dyn DistributedLock>,
-        state: Arc<GrantState>,
+        grant: Grant,
+        state: Arc<HoldState>,
         renew_ttl: Option<Duration>,
         safe_until: Option<Instant>,
     ) -> u64 {
-        let grant = &state.grant;
         let renew = renew_ttl.map(|ttl| (ttl, grant.sent_at + grant.ttl / 3));
         let first = match (safe_until, renew) {
             (Some(a), Some((_, b))) => Some(a.min(b)),
@@ -260,6 +261,7 @@ impl Watchdog {
         let mut inner = lock(&self.shared.inner);
         let id = inner.insert(Entry {
             backend,
+            grant,
             state,
             renew,
             in_flight: false,
@@ -300,18 +302,83 @@ impl Watchdog {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.entry.as_ref().is_some_and(|e| which(&e.state.grant)))
+            .filter(|(_, s)| s.entry.as_ref().is_some_and(|e| which(&e.grant)))
             .map(|(i, s)| id_of(i, s.generation))
             .collect();
         for id in ids {
             if let Some(e) = inner.remove(id) {
-                e.state.fire(reason.clone());
+                e.state.fire(reason.clone(), &e.grant);
             }
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         lock(&self.shared.inner).len
+    }
+}
+
+/// The networked backends' keeper: guards are enrolled with the client's watchdog, which renews
+/// a watchdog-managed lease and fires `lost()`; their releases go to the server.
+impl LeaseKeeper for Watchdog {
+    fn keep(
+        &self,
+        backend: &Arc<dyn DistributedLock>,
+        grant: Grant,
+        renew: Option<Duration>,
+        leased: bool,
+    ) -> Hold {
+        let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
+        let core = backend.core();
+        core.note_runtime();
+        let state = Arc::new(HoldState::new(core.backend(), until));
+        let entry = self.register(
+            Arc::downgrade(backend),
+            grant.clone(),
+            state.clone(),
+            renew,
+            until,
+        );
+        Hold::shared_with(grant, entry, renew.is_some(), state)
+    }
+
+    fn safe_until(&self, hold: &Hold) -> Option<Instant> {
+        hold.shared.get().and_then(|s| s.safe_until())
+    }
+
+    fn lost_reason(&self, hold: &Hold) -> Option<LostReason> {
+        match hold.shared.get() {
+            Some(s) => s.reason(),
+            None => Some(LostReason::ClientGone),
+        }
+    }
+
+    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason> {
+        match hold.shared.get() {
+            Some(s) => s.reason().map_or(Ok(s.safe_until()), Err),
+            None => Err(LostReason::ClientGone),
+        }
+    }
+
+    fn extended(&self, hold: &Hold, sent: Instant, outcome: &crate::Result<Duration>) {
+        let Some(state) = hold.shared.get() else {
+            return;
+        };
+        match outcome {
+            Ok(granted) => state.extend(safe_until(sent, *granted)),
+            Err(e) if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
+                state.fire(LostReason::Taken(e.to_string()), &hold.grant);
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn let_go(&self, hold: &Hold) {
+        self.deregister(hold.ticket);
+        // With the watchdog's copy gone, a state nobody else shares has nobody to tell.
+        if let Some(state) = hold.shared.get().filter(|s| Arc::strong_count(s) > 1) {
+            state.mark_released();
+            state.changed.notify_waiters();
+        }
     }
 }
 
@@ -359,14 +426,14 @@ async fn run(shared: Arc<Shared>) {
                     continue;
                 }
                 if e.state.safe_until().is_some_and(|until| until <= now) {
-                    e.state.fire(LostReason::Expired);
+                    e.state.fire(LostReason::Expired, &e.grant);
                     inner.remove(id);
                     continue;
                 }
                 if let Some((ttl, at)) = e.renew {
                     if !e.in_flight && at <= now {
                         let Some(backend) = e.backend.upgrade() else {
-                            e.state.fire(LostReason::ClientGone);
+                            e.state.fire(LostReason::ClientGone, &e.grant);
                             inner.remove(id);
                             continue;
                         };
@@ -488,7 +555,7 @@ fn settle(inner: &mut Inner, d: &Due, sent: Instant, result: crate::Result<Durat
             e.renew = Some((d.ttl, sent + granted / 3));
         }
         Err(err) if matches!(err.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
-            e.state.fire(LostReason::Taken(err.to_string()));
+            e.state.fire(LostReason::Taken(err.to_string()), &d.grant);
             inner.remove(d.id);
             return false;
         }

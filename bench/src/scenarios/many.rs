@@ -29,9 +29,6 @@ const CONCURRENCY: usize = 32;
 pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
     let counting = Arc::new(Counting::new(target.client().await?));
     let lock: SharedLock = counting.clone();
-    // The in-memory store keeps a watchdog-managed lease itself while its guard lives: there is
-    // nothing to renew, and the target is zero.
-    let renews = lock.capabilities().renewal && lock.in_process().is_none();
     let opts = LockOptions::new().watchdog_ttl(plan.many_ttl);
     let prefix = unique_name("many");
 
@@ -40,6 +37,9 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<ManyHeld> {
     let guards = acquire_all(&lock, &opts, &prefix, plan.many_locks, plan.many_budget).await?;
     let acquire = began.elapsed();
     let held = guards.len();
+    // Only guards in the watchdog's care are renewed: the in-memory store keeps a
+    // watchdog-managed lease itself while its guard lives, and there the target is zero.
+    let renews = lock.capabilities().renewal && lock.core().guards_watched() > 0;
     let granted = guards.first().map_or(plan.many_ttl, LockGuard::ttl);
 
     // Locks acquired together renew together, in waves one period apart. Counting from the

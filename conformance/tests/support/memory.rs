@@ -12,7 +12,7 @@ use distlock_api::{
 
 pub(crate) struct Memory {
     store: MemoryStore,
-    /// Whether clients hide [`DistributedLock::in_process`].
+    /// Whether clients hide [`DistributedLock::keeper`].
     watched: bool,
 }
 
@@ -27,7 +27,7 @@ impl Memory {
     }
 }
 
-/// A memory client that forwards every primitive but not `in_process`, so its guards take the
+/// A memory client that forwards every primitive but not `keeper`, so its guards take the
 /// networked backends' path (watchdog enrolment, renewals through `renew`, async release).
 struct Watched(MemoryLock);
 
