@@ -20,8 +20,7 @@ struct Mongo {
 impl Mongo {
     fn from_env() -> Self {
         Self {
-            url: std::env::var("DISTLOCK_MONGO_URL")
-                .unwrap_or_else(|_| "mongodb://127.0.0.1:27017".to_string()),
+            url: distlock_mongo::DESCRIPTOR.test_url(),
         }
     }
 
@@ -33,8 +32,8 @@ impl Mongo {
             .await
             .map_err(|e| Error::unavailable("raw client", e))?;
         Ok(client
-            .database(config.database_name())
-            .collection(config.collection_name()))
+            .database(config.get_database())
+            .collection(config.get_collection()))
     }
 }
 
@@ -57,7 +56,7 @@ impl distlock_conformance::Harness for Mongo {
     }
 
     async fn client_at(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let config = MongoConfig::from_url(url)?.default_ttl(self.short_ttl())?;
+        let config = MongoConfig::from_url(url)?.default_ttl(self.short_ttl());
         Ok(Arc::new(MongoLock::connect(config).await?))
     }
 
@@ -82,7 +81,7 @@ impl distlock_conformance::Harness for Mongo {
     async fn unreachable_client(&self) -> Option<Result<Arc<dyn DistributedLock>>> {
         let connect = async {
             let config = MongoConfig::from_url("mongodb://127.0.0.1:1")?
-                .connect_timeout(self.connect_timeout())?;
+                .connect_timeout(self.connect_timeout());
             let lock: Arc<dyn DistributedLock> = Arc::new(MongoLock::connect(config).await?);
             Ok(lock)
         };
