@@ -70,16 +70,16 @@ impl RedisLock {
             .validate()
             .map_err(|e| e.with_backend(Self::BACKEND))?;
         let mut core =
-            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.default_ttl)?;
-        if let Some(owner) = &config.options.owner {
+            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.client.default_ttl)?;
+        if let Some(owner) = &config.options.client.owner {
             core = core.with_owner(owner.clone());
         }
         let server = Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?;
         let hub = Hub::new(HubConfig {
             endpoint: config.endpoint.clone(),
             backend: Self::BACKEND,
-            connect_timeout: config.options.connect_timeout,
-            response_timeout: config.options.response_timeout,
+            connect_timeout: config.options.client.connect_timeout,
+            response_timeout: config.options.client.operation_timeout,
         });
         Ok(Self {
             core,

@@ -189,8 +189,8 @@ impl RedLock {
             .validate()
             .map_err(|e| e.with_backend(Self::BACKEND))?;
         let mut core =
-            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.default_ttl)?;
-        if let Some(owner) = &config.options.owner {
+            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.client.default_ttl)?;
+        if let Some(owner) = &config.options.client.owner {
             core = core.with_owner(owner.clone());
         }
         let quorum = config.quorum();
@@ -230,8 +230,8 @@ impl RedLock {
             shared: Arc::new(Shared {
                 servers,
                 quorum,
-                response_timeout: config.options.response_timeout,
-                default_ttl: config.options.default_ttl,
+                response_timeout: config.options.client.operation_timeout,
+                default_ttl: config.options.client.default_ttl,
                 late: Mutex::default(),
             }),
         })

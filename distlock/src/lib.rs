@@ -7,7 +7,7 @@
 mod connect;
 mod table;
 
-pub use connect::{connect, schemes};
+pub use connect::{backends, connect, schemes};
 pub use distlock_api::*;
 pub use table::capability_table;
 
@@ -18,7 +18,7 @@ pub mod redis {
     pub use distlock_redis::*;
 }
 
-/// The MySQL / MariaDB backend (feature `mysql`).
+/// The MySQL/MariaDB backend (feature `mysql`).
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql {

@@ -31,14 +31,12 @@ pub fn unique(tag: &str) -> String {
 
 /// The single server the tests use.
 pub fn redis_url() -> String {
-    std::env::var("DISTLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    distlock_redis::DESCRIPTOR.test_url()
 }
 
 /// The RedLock masters the tests use, comma-separated.
 pub fn redlock_urls() -> String {
-    std::env::var("DISTLOCK_REDLOCK_URLS").unwrap_or_else(|_| {
-        "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382".into()
-    })
+    distlock_redis::REDLOCK_DESCRIPTOR.test_url()
 }
 
 /// The RedLock masters as one `redlock://h1,h2,h3` URL (user and options of the first), the
