@@ -15,7 +15,7 @@ use distlock_api::{Error, ErrorKind, Result};
 use etcd_client::{Client, ConnectOptions};
 use tokio::sync::OnceCell;
 
-use crate::backend::driver_error;
+use crate::error::driver_error;
 
 pub(crate) struct Endpoints {
     urls: Vec<String>,

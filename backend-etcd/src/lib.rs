@@ -5,12 +5,19 @@
 mod backend;
 mod config;
 mod endpoints;
+mod error;
+mod holds;
+mod keepalive;
 mod keys;
 mod lease;
+mod queue;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{EtcdLock, CAPABILITIES};
 pub use config::{
-    EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT,
+    EtcdConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_LEASE_TTL,
+    DEFAULT_OPERATION_TIMEOUT, DEFAULT_PORT,
 };
 pub use distlock_api::{
     Capabilities, DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo,
@@ -21,6 +28,22 @@ pub use etcd_client;
 
 /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
 pub(crate) const BACKEND: &str = "etcd";
+
+/// The etcd backend, described once for the facade, the benchmark and the tests.
+pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
+    id: BACKEND,
+    label: "etcd",
+    schemes: &["etcd"],
+    test_url_var: "DISTLOCK_ETCD_URL",
+    test_url_default: "etcd://127.0.0.1:2379",
+    capabilities: CAPABILITIES,
+    connect: |url| {
+        Box::pin(async move {
+            let lock = EtcdLock::connect(EtcdConfig::from_url(&url)?).await?;
+            Ok(std::sync::Arc::new(lock) as SharedLock)
+        })
+    },
+};
 
 #[cfg(test)]
 mod tests {

@@ -15,8 +15,8 @@ async fn a_dead_endpoint_in_the_list_is_passed_over() {
     // A closed port first: connect, locking and the keep-alive all go to the live one.
     let endpoints = std::iter::once("127.0.0.1:1".to_string()).chain(live.endpoints().to_vec());
     let config = EtcdConfig::new(endpoints)
-        .and_then(|c| c.lease_ttl(common::SHORT_TTL))
-        .and_then(|c| c.connect_timeout(Duration::from_secs(5)))
+        .map(|c| c.default_ttl(common::SHORT_TTL))
+        .map(|c| c.connect_timeout(Duration::from_secs(5)))
         .expect("config");
     let c = std::sync::Arc::new(EtcdLock::connect(config).await.unwrap_or_else(|e| {
         panic!(

@@ -129,8 +129,8 @@ impl Cluster {
 
     async fn client(&self, order: [usize; 3]) -> Arc<EtcdLock> {
         let config = EtcdConfig::new(order.map(|i| self.urls[i].clone()))
-            .and_then(|c| c.lease_ttl(LEASE))
-            .and_then(|c| c.request_timeout(Duration::from_secs(2)))
+            .map(|c| c.default_ttl(LEASE))
+            .map(|c| c.operation_timeout(Duration::from_secs(2)))
             .expect("config");
         Arc::new(
             EtcdLock::connect(config)

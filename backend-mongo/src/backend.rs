@@ -4,10 +4,11 @@ use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
-    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, Result, TtlSupport,
 };
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
@@ -91,10 +92,11 @@ impl MongoLock {
     /// collection whose default collation is not binary (it would merge names that differ
     /// only in case).
     pub async fn connect(config: MongoConfig) -> Result<Self> {
+        config.validate()?;
         let endpoint = config.endpoint.clone();
         // The driver's server selection gives up at the connect timeout; the margin only covers
         // the reply of the server it selected.
-        let bound = config.connect_timeout + Duration::from_millis(500);
+        let bound = config.client.connect_timeout + Duration::from_millis(500);
         match tokio::time::timeout(bound, Self::connect_inner(config)).await {
             Ok(result) => result,
             Err(_) => Err(Error::new(
@@ -111,8 +113,8 @@ impl MongoLock {
         let mut options = ClientOptions::parse(config.conn.clone())
             .await
             .map_err(|e| at(e, "cannot resolve"))?;
-        options.connect_timeout = Some(config.connect_timeout);
-        options.server_selection_timeout = Some(config.connect_timeout);
+        options.connect_timeout = Some(config.client.connect_timeout);
+        options.server_selection_timeout = Some(config.client.connect_timeout);
         options.app_name.get_or_insert_with(|| "distlock".into());
         let client = Client::with_options(options).map_err(|e| {
             Error::invalid(format!(
@@ -140,7 +142,7 @@ impl MongoLock {
         // cannot roll it back (and with it the fencing counter) after the caller acted on it.
         let mut write_concern = WriteConcern::majority();
         write_concern.journal = Some(true);
-        write_concern.w_timeout = Some(config.operation_timeout);
+        write_concern.w_timeout = Some(config.client.operation_timeout);
         let locks = db.collection_with_options(
             &config.collection,
             CollectionOptions::builder()
@@ -150,14 +152,14 @@ impl MongoLock {
                 .read_concern(ReadConcern::majority())
                 .build(),
         );
-        let mut core = ClientCore::new(BACKEND).with_default_ttl(config.default_ttl)?;
-        if let Some(owner) = config.owner {
+        let mut core = ClientCore::new(BACKEND).with_default_ttl(config.client.default_ttl)?;
+        if let Some(owner) = config.client.owner {
             core = core.with_owner(owner);
         }
         Ok(Self {
             core,
             locks,
-            operation_timeout: config.operation_timeout,
+            operation_timeout: config.client.operation_timeout,
             server,
         })
     }

@@ -1,9 +1,13 @@
-//! Parsing and validating the MongoDB backend's configuration, with no I/O.
+//! Parsing and validating the MongoDB backend's configuration, with no I/O. The shared
+//! options and the builder style are those of [`distlock_api::config`].
 
 use std::time::Duration;
 
-use distlock_api::{check_ttl, Error, OwnerId, Result, DEFAULT_TTL};
+use distlock_api::config::ConfigUrl;
+use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
 use mongodb::options::{ConnectionString, HostInfo};
+
+use crate::BACKEND;
 
 /// The database used when neither the URL's path nor [`MongoConfig::database`] names one.
 pub const DEFAULT_DATABASE: &str = "distlock";
@@ -26,11 +30,13 @@ const MAX_NAMESPACE_LEN: usize = 255;
 /// use std::time::Duration;
 /// use distlock_mongo::MongoConfig;
 ///
-/// let config = MongoConfig::from_url("mongodb://db1:27017,db2:27017/app?replicaSet=rs0")?
-///     .collection("job_locks")?
-///     .connect_timeout(Duration::from_secs(3))?;
-/// assert_eq!(config.database_name(), "app");
-/// assert_eq!(config.collection_name(), "job_locks");
+/// let config = MongoConfig::from_url("mongodb://db1:27017,db2:27017/app?replicaSet=rs0&default_ttl=10s")?
+///     .collection("job_locks")
+///     .connect_timeout(Duration::from_secs(3));
+/// config.validate()?;
+/// assert_eq!(config.get_database(), "app");
+/// assert_eq!(config.get_collection(), "job_locks");
+/// assert_eq!(config.get_default_ttl(), Duration::from_secs(10));
 /// # Ok::<_, distlock_mongo::Error>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -39,25 +45,39 @@ pub struct MongoConfig {
     pub(crate) endpoint: String,
     pub(crate) database: String,
     pub(crate) collection: String,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) operation_timeout: Duration,
-    pub(crate) default_ttl: Duration,
-    pub(crate) owner: Option<OwnerId>,
+    pub(crate) client: ClientOptions,
 }
 
 impl MongoConfig {
     /// Parses a `mongodb://` or `mongodb+srv://` connection string, the driver's own format
-    /// (hosts, credentials, `replicaSet`, TLS and the other standard options). The path names
-    /// the database (default `distlock`). `serverSelectionTimeoutMS` (or else
-    /// `connectTimeoutMS`) in the URL sets the connect timeout. No I/O happens here: a
-    /// `mongodb+srv://` host is resolved by [`MongoLock::connect`](crate::MongoLock::connect).
+    /// (hosts, credentials, `replicaSet`, TLS and the other standard options), plus the shared
+    /// options of [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
+    /// `operation_timeout`), which are taken out before the rest goes to the driver. The path
+    /// names the database (default `distlock`). Without `connect_timeout`,
+    /// `serverSelectionTimeoutMS` (or else `connectTimeoutMS`) sets the connect timeout. No
+    /// I/O happens here: a `mongodb+srv://` host is resolved by
+    /// [`MongoLock::connect`](crate::MongoLock::connect).
     ///
     /// A malformed URL, an unknown option or a bad database name is
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument).
-    pub fn from_url(url: &str) -> Result<Self> {
+    pub fn from_url(raw: &str) -> Result<Self> {
+        let url = ConfigUrl::parse(BACKEND, raw)?;
+        let mut query = url.options()?;
+        let connect_timeout = query.take_duration(&["connect_timeout"])?;
+        let mut client = ClientOptions::new(
+            DEFAULT_TTL,
+            DEFAULT_CONNECT_TIMEOUT,
+            DEFAULT_OPERATION_TIMEOUT,
+        );
+        client.take_from(&mut query)?;
+        let base = raw.split_once('?').map_or(raw, |(b, _)| b);
+        let driver_url = match query.rest() {
+            Some(rest) => format!("{base}?{rest}"),
+            None => base.to_string(),
+        };
         // The driver's message never repeats the URL, which may hold a password.
-        let conn = ConnectionString::parse(url).map_err(|e| {
-            invalid(format!(
+        let conn = ConnectionString::parse(&driver_url).map_err(|e| {
+            url.invalid(format!(
                 "bad MongoDB connection string: {}",
                 driver_message(&e)
             ))
@@ -73,83 +93,54 @@ impl MongoConfig {
             #[allow(unreachable_patterns)]
             _ => "the configured hosts".to_string(),
         };
-        let database = conn
-            .default_database
-            .clone()
-            .unwrap_or_else(|| DEFAULT_DATABASE.to_string());
-        let connect_timeout = conn
-            .server_selection_timeout
+        client.connect_timeout = (connect_timeout.or(conn.server_selection_timeout))
             .or(conn.connect_timeout)
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let config = Self {
+            database: (conn.default_database.clone())
+                .unwrap_or_else(|| DEFAULT_DATABASE.to_string()),
             conn,
             endpoint,
-            database: String::new(),
             collection: DEFAULT_COLLECTION.to_string(),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
-            default_ttl: DEFAULT_TTL,
-            owner: None,
+            client,
         };
-        config.database(database)?.connect_timeout(connect_timeout)
+        config.validate()?;
+        Ok(config)
     }
 
+    distlock_api::client_option_methods!(client);
+
     /// Keeps the lock documents in database `name` instead of the URL's (or `distlock`).
-    pub fn database(mut self, name: impl Into<String>) -> Result<Self> {
-        let name = name.into();
-        validate_database(&name)?;
-        validate_namespace(&name, &self.collection)?;
-        self.database = name;
-        Ok(self)
+    pub fn database(mut self, name: impl Into<String>) -> Self {
+        self.database = name.into();
+        self
     }
 
     /// Keeps the lock documents in collection `name` (default `locks`). Use the collection for
     /// nothing else, and never delete its documents: each one holds its lock's fencing counter.
-    pub fn collection(mut self, name: impl Into<String>) -> Result<Self> {
-        let name = name.into();
-        validate_collection(&name)?;
-        validate_namespace(&self.database, &name)?;
-        self.collection = name;
-        Ok(self)
-    }
-
-    /// How long `connect` may take to find a usable server (the driver's connect and server
-    /// selection timeouts, and the bound of the first round trip). 1 ms ..= 10 min.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        check_timeout("connect timeout", timeout)?;
-        self.connect_timeout = timeout;
-        Ok(self)
-    }
-
-    /// How long one lock operation may take, including the `w: majority` acknowledgement
-    /// (sent as `wtimeout`); past it the operation fails with
-    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable). 1 ms ..= 10 min, default 10 s.
-    pub fn operation_timeout(mut self, timeout: Duration) -> Result<Self> {
-        check_timeout("operation timeout", timeout)?;
-        self.operation_timeout = timeout;
-        Ok(self)
-    }
-
-    /// The lease of watchdog-managed locks when the caller does not choose one (default 30 s).
-    pub fn default_ttl(mut self, ttl: Duration) -> Result<Self> {
-        check_ttl(ttl)?;
-        self.default_ttl = ttl;
-        Ok(self)
-    }
-
-    /// Uses `owner` as the client's owner id instead of a fresh random one.
-    pub fn owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
+    pub fn collection(mut self, name: impl Into<String>) -> Self {
+        self.collection = name.into();
         self
     }
 
+    /// Checks every option; [`MongoLock::connect`](crate::MongoLock::connect) calls it before
+    /// any I/O. The connect timeout bounds the driver's connect and server selection and the
+    /// first round trip; the operation timeout bounds one lock operation including its
+    /// `w: majority` acknowledgement (sent as `wtimeout`).
+    pub fn validate(&self) -> Result<()> {
+        validate_database(&self.database)?;
+        validate_collection(&self.collection)?;
+        validate_namespace(&self.database, &self.collection)?;
+        self.client.validate(BACKEND)
+    }
+
     /// The database the lock documents live in.
-    pub fn database_name(&self) -> &str {
+    pub fn get_database(&self) -> &str {
         &self.database
     }
 
     /// The collection the lock documents live in.
-    pub fn collection_name(&self) -> &str {
+    pub fn get_collection(&self) -> &str {
         &self.collection
     }
 
@@ -160,7 +151,7 @@ impl MongoConfig {
 }
 
 fn invalid(message: String) -> Error {
-    Error::invalid(message).with_backend(crate::BACKEND)
+    Error::invalid(message).with_backend(BACKEND)
 }
 
 /// The driver's message alone: its `Display` adds labels and source chains meant for logs.
@@ -169,15 +160,6 @@ pub(crate) fn driver_message(e: &mongodb::error::Error) -> String {
         mongodb::error::ErrorKind::InvalidArgument { message, .. } => message.clone(),
         other => other.to_string(),
     }
-}
-
-fn check_timeout(what: &str, timeout: Duration) -> Result<()> {
-    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(600) {
-        return Err(invalid(format!(
-            "{what} {timeout:?} is outside 1ms..=10min"
-        )));
-    }
-    Ok(())
 }
 
 fn validate_database(name: &str) -> Result<()> {
@@ -241,11 +223,11 @@ mod tests {
     #[test]
     fn defaults_from_a_plain_url() {
         let c = MongoConfig::from_url("mongodb://127.0.0.1:27017").unwrap();
-        assert_eq!(c.database_name(), DEFAULT_DATABASE);
-        assert_eq!(c.collection_name(), DEFAULT_COLLECTION);
-        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
-        assert_eq!(c.operation_timeout, DEFAULT_OPERATION_TIMEOUT);
-        assert_eq!(c.default_ttl, DEFAULT_TTL);
+        assert_eq!(c.get_database(), DEFAULT_DATABASE);
+        assert_eq!(c.get_collection(), DEFAULT_COLLECTION);
+        assert_eq!(c.get_connect_timeout(), DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.get_operation_timeout(), DEFAULT_OPERATION_TIMEOUT);
+        assert_eq!(c.get_default_ttl(), DEFAULT_TTL);
         assert_eq!(c.endpoint(), "127.0.0.1:27017");
     }
 
@@ -255,18 +237,43 @@ mod tests {
             "mongodb://u:secret@a:1,b:2/app?replicaSet=rs0&serverSelectionTimeoutMS=1500",
         )
         .unwrap();
-        assert_eq!(c.database_name(), "app");
-        assert_eq!(c.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(c.get_database(), "app");
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(1500));
         assert_eq!(c.endpoint(), "a:1,b:2");
         let c = MongoConfig::from_url("mongodb://a/?connectTimeoutMS=700").unwrap();
-        assert_eq!(c.connect_timeout, Duration::from_millis(700));
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn shared_options_are_taken_out_before_the_driver_sees_the_url() {
+        let c = MongoConfig::from_url(
+            "mongodb://u:secret@a:1/app?replicaSet=rs0&owner=w-1&default_ttl=10s\
+             &connect_timeout_ms=250&operation_timeout=2s&serverSelectionTimeoutMS=1500",
+        )
+        .unwrap();
+        assert_eq!(c.get_owner().map(|o| o.label()), Some("w-1"));
+        assert_eq!(c.get_default_ttl(), Duration::from_secs(10));
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(250));
+        assert_eq!(c.get_operation_timeout(), Duration::from_secs(2));
+        assert_eq!(c.conn.replica_set.as_deref(), Some("rs0"));
+        assert_eq!(c.get_database(), "app");
+        for bad in [
+            "mongodb://a/?default_ttl=10",
+            "mongodb://a/?operation_timeout=0ms",
+            "mongodb://a/?owner=a%20b",
+            "mongodb://a/?connect_timeout=11m",
+        ] {
+            let e = MongoConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+            assert_eq!(e.backend(), Some("mongo"), "{bad}: {e}");
+        }
     }
 
     #[test]
     fn srv_urls_parse_without_dns() {
         let c = MongoConfig::from_url("mongodb+srv://cluster0.example.invalid/locks").unwrap();
         assert_eq!(c.endpoint(), "mongodb+srv://cluster0.example.invalid");
-        assert_eq!(c.database_name(), "locks");
+        assert_eq!(c.get_database(), "locks");
     }
 
     #[test]
@@ -297,7 +304,7 @@ mod tests {
         let c = || MongoConfig::from_url("mongodb://localhost").unwrap();
         for bad in ["", "a.b", "a b", "a$", "a/b", "x\0", &"d".repeat(64)] {
             assert_eq!(
-                kind(c().database(bad)),
+                kind(c().database(bad).validate()),
                 ErrorKind::InvalidArgument,
                 "{bad:?}"
             );
@@ -312,22 +319,27 @@ mod tests {
             &"c".repeat(250),
         ] {
             assert_eq!(
-                kind(c().collection(bad)),
+                kind(c().collection(bad).validate()),
                 ErrorKind::InvalidArgument,
                 "{bad:?}"
             );
         }
-        assert_eq!(
-            c().collection("my.locks").unwrap().collection_name(),
-            "my.locks"
-        );
-        assert_eq!(c().database("Ünï").unwrap().database_name(), "Ünï");
+        let ok = c().collection("my.locks").database("Ünï");
+        ok.validate().unwrap();
+        assert_eq!(ok.get_collection(), "my.locks");
+        assert_eq!(ok.get_database(), "Ünï");
         for bad in [Duration::ZERO, Duration::from_secs(601)] {
-            assert_eq!(kind(c().connect_timeout(bad)), ErrorKind::InvalidArgument);
-            assert_eq!(kind(c().operation_timeout(bad)), ErrorKind::InvalidArgument);
+            assert_eq!(
+                kind(c().connect_timeout(bad).validate()),
+                ErrorKind::InvalidArgument
+            );
+            assert_eq!(
+                kind(c().operation_timeout(bad).validate()),
+                ErrorKind::InvalidArgument
+            );
         }
         assert_eq!(
-            kind(c().default_ttl(Duration::ZERO)),
+            kind(c().default_ttl(Duration::ZERO).validate()),
             ErrorKind::InvalidArgument
         );
     }

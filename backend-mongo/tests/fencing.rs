@@ -20,7 +20,7 @@ use distlock_mongo::{
 use futures::TryStreamExt;
 
 fn url() -> String {
-    std::env::var("DISTLOCK_MONGO_URL").unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into())
+    distlock_mongo::DESCRIPTOR.test_url()
 }
 
 fn unique(prefix: &str) -> String {
@@ -35,8 +35,7 @@ async fn client(url: &str, owner: &str) -> Arc<MongoLock> {
     let config = MongoConfig::from_url(url)
         .unwrap()
         .owner(OwnerId::new(owner).unwrap())
-        .connect_timeout(Duration::from_secs(5))
-        .unwrap();
+        .connect_timeout(Duration::from_secs(5));
     match MongoLock::connect(config).await {
         Ok(c) => Arc::new(c),
         Err(e) => panic!("{e}\n  start the server: scripts/services up"),

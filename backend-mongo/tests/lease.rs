@@ -13,7 +13,7 @@ use distlock_mongo::{
 };
 
 fn url() -> String {
-    std::env::var("DISTLOCK_MONGO_URL").unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into())
+    distlock_mongo::DESCRIPTOR.test_url()
 }
 
 fn unique(tag: &str) -> String {
@@ -28,8 +28,7 @@ async fn client(owner: &str) -> Arc<MongoLock> {
     let config = MongoConfig::from_url(&url())
         .unwrap()
         .owner(OwnerId::new(owner).unwrap())
-        .connect_timeout(Duration::from_secs(5))
-        .unwrap();
+        .connect_timeout(Duration::from_secs(5));
     match MongoLock::connect(config).await {
         Ok(c) => Arc::new(c),
         Err(e) => panic!("{e}\n  start the server: scripts/services up"),

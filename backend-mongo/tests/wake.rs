@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use distlock_mongo::{LockExt, LockOptions, MongoConfig, MongoLock, POLL_CAP};
 
 async fn client() -> Arc<MongoLock> {
-    let url =
-        std::env::var("DISTLOCK_MONGO_URL").unwrap_or_else(|_| "mongodb://127.0.0.1:27017".into());
+    let url = distlock_mongo::DESCRIPTOR.test_url();
     match MongoLock::connect(MongoConfig::from_url(&url).unwrap()).await {
         Ok(c) => Arc::new(c),
         Err(e) => panic!("{e}\n  start the server: scripts/services up"),

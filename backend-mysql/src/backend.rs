@@ -4,20 +4,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock, Error,
-    ErrorKind, Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, OwnerId, Result,
-    TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
 };
-use sqlx::mysql::{
-    MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult,
-};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlQueryResult};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio::task::JoinHandle;
 
 use crate::config::MysqlConfig;
 use crate::conn::{Lent, Pool};
+use crate::error::{error_from, is_conflict, is_duplicate, map_error};
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
@@ -82,6 +81,14 @@ struct LockRow {
 }
 
 impl MysqlLock {
+    /// The pool and the lock table's name, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, &str) {
+        (self.inner.pool.sqlx(), &self.inner.sql.locks)
+    }
+}
+
+impl MysqlLock {
     /// Connects to the server, creates the two tables if they do not exist (unless turned off),
     /// checks that they have the columns this backend uses, and starts the sweeper if the config
     /// asks for it.
@@ -92,18 +99,18 @@ impl MysqlLock {
     pub async fn connect(config: MysqlConfig) -> Result<Self> {
         config.validate()?;
         let mut core = ClientCore::new(BACKEND)
-            .with_default_ttl(config.default_ttl_value())
+            .with_default_ttl(config.get_default_ttl())
             .map_err(|e| e.with_backend(BACKEND))?;
-        if let Some(owner) = config.owner_value() {
+        if let Some(owner) = config.get_owner() {
             core = core.with_owner(owner.clone());
         }
-        let sql = Statements::new(config.lock_table_name(), config.fencing_table_name());
+        let sql = Statements::new(config.get_lock_table(), config.get_fencing_table());
         let options = config.connect_options();
         let endpoint = config.endpoint();
-        let timeout = config.connect_timeout_value();
+        let timeout = config.get_connect_timeout();
         let server_version = tokio::time::timeout(
             timeout,
-            prepare(&options, &sql, config.create_tables_value(), &endpoint),
+            prepare(&options, &sql, config.get_create_tables(), &endpoint),
         )
         .await
         .map_err(|_| {
@@ -115,12 +122,12 @@ impl MysqlLock {
             )
             .with_backend(BACKEND)
         })??;
-        let size = config.pool_size_value();
+        let size = config.get_pool_size();
         let pool = || Pool::connect_lazy(options.clone(), size, timeout);
         let holders = pool();
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
-        let operation_timeout = config.operation_timeout_value();
+        let operation_timeout = config.get_operation_timeout();
         let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
             pool: pool(),
@@ -129,13 +136,13 @@ impl MysqlLock {
             sql,
             endpoint,
             operation_timeout,
-            backoff: config.backoff_value(),
-            sweep_batch: config.sweep_batch_value(),
+            backoff: config.get_backoff(),
+            sweep_batch: config.get_sweep_batch(),
             swept: AtomicU64::new(0),
             server_version,
         });
         let sweeper = config
-            .sweep_interval_value()
+            .get_sweep_interval()
             .map(|every| tokio::spawn(sweep_loop(inner.clone(), every)));
         Ok(Self {
             inner,
@@ -706,76 +713,4 @@ fn grant(req: &AcquireRequest, token: FencingToken, hold_count: u32, sent_at: In
 /// A lease in whole microseconds, rounded down (never promise more than the server was told).
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// The server's error number, if it is a server error.
-fn error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(d) => d
-            .try_downcast_ref::<MySqlDatabaseError>()
-            .map(MySqlDatabaseError::number),
-        _ => None,
-    }
-}
-
-const ER_DUP_ENTRY: u16 = 1062;
-const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-const ER_LOCK_DEADLOCK: u16 = 1213;
-
-fn is_duplicate(e: &sqlx::Error) -> bool {
-    error_number(e) == Some(ER_DUP_ENTRY)
-}
-
-/// A lock conflict between concurrent transactions, which InnoDB resolved by rolling back
-/// ours: retrying is correct, since nothing of ours took effect.
-pub(crate) fn is_conflict(e: &sqlx::Error) -> bool {
-    matches!(
-        error_number(e),
-        Some(ER_LOCK_DEADLOCK | ER_LOCK_WAIT_TIMEOUT)
-    )
-}
-
-/// Maps a driver error to distlock's kinds: no connection is `Unavailable`; a server in the
-/// middle of shutting down, full, or read-only (a demoted primary during failover) is
-/// `Unavailable` too, since retrying elsewhere or later can succeed; other server errors are
-/// `Backend`.
-fn map_error(e: sqlx::Error, what: &str) -> Error {
-    let (kind, temporary) = classify(&e);
-    Error::new(kind, format!("{what} failed"))
-        .with_source(e)
-        .with_backend(BACKEND)
-        .temporary(temporary)
-}
-
-/// [`map_error`] for an error shared by several operations.
-fn error_from(
-    e: &sqlx::Error,
-    what: &str,
-    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-) -> Error {
-    let (kind, temporary) = classify(e);
-    Error::new(kind, format!("{what} failed"))
-        .with_source(source)
-        .with_backend(BACKEND)
-        .temporary(temporary)
-}
-
-fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
-    let kind = match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_) => ErrorKind::Unavailable,
-        sqlx::Error::Database(_) => match error_number(e) {
-            // Too many connections, shutdown in progress, connection killed, read-only
-            // (server option, transaction, MariaDB read-only mode).
-            Some(1040 | 1053 | 1927 | 1290 | 1792 | 1836) => ErrorKind::Unavailable,
-            _ => ErrorKind::Backend,
-        },
-        _ => ErrorKind::Backend,
-    };
-    let temporary =
-        kind == ErrorKind::Unavailable || is_conflict(e) || matches!(e, sqlx::Error::Protocol(_));
-    (kind, temporary)
 }

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use distlock_api::{check_ttl, Error, OwnerId, Result, DEFAULT_TTL};
+use distlock_api::config::{ConfigUrl, HostPort};
+use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
 use sqlx::mysql::MySqlConnectOptions;
-use url::{Host, Url};
 
 /// The default lock table.
 pub const DEFAULT_LOCK_TABLE: &str = "distlock_locks";
@@ -34,8 +34,6 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
 
 const MAX_POOL_SIZE: u32 = 1_000;
 const MAX_SWEEP_BATCH: u32 = 10_000;
-const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
-const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// MySQL and MariaDB limit identifiers to 64 characters.
 const MAX_IDENTIFIER_LEN: usize = 64;
@@ -45,7 +43,8 @@ const MAX_IDENTIFIER_LEN: usize = 64;
 /// Build one from a URL with [`from_url`](MysqlConfig::from_url), then adjust it with the
 /// setters. Everything is checked by [`validate`](MysqlConfig::validate), which
 /// [`MysqlLock::connect`](crate::MysqlLock::connect) calls before any I/O: bad input is an
-/// [`ErrorKind::InvalidArgument`](distlock_api::ErrorKind::InvalidArgument).
+/// [`ErrorKind::InvalidArgument`](distlock_api::ErrorKind::InvalidArgument). The shared options
+/// and the builder style are those of [`distlock_api::config`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -57,8 +56,8 @@ const MAX_IDENTIFIER_LEN: usize = 64;
 /// .connect_timeout(Duration::from_secs(2))
 /// .operation_timeout(Duration::from_secs(3))
 /// .sweep_interval(Some(Duration::from_secs(30)));
-/// assert_eq!(config.lock_table_name(), "app_locks");
-/// assert_eq!(config.pool_size_value(), 4);
+/// assert_eq!(config.get_lock_table(), "app_locks");
+/// assert_eq!(config.get_pool_size(), 4);
 /// # Ok::<_, distlock_api::Error>(())
 /// ```
 #[derive(Clone)]
@@ -73,10 +72,7 @@ pub struct MysqlConfig {
     fencing_table: String,
     sweep_interval: Option<Duration>,
     sweep_batch: u32,
-    connect_timeout: Duration,
-    operation_timeout: Duration,
-    default_ttl: Duration,
-    owner: Option<OwnerId>,
+    client: ClientOptions,
     create_tables: bool,
     backoff: (Duration, Duration),
 }
@@ -85,138 +81,81 @@ impl MysqlConfig {
     /// Parses `mysql://user:password@host:port/database` (or `mariadb://…`).
     ///
     /// The user and password are optional and percent-decoded; the port defaults to 3306; the
-    /// database is required. Query parameters set options: `pool_size`, `lock_table`,
-    /// `fencing_table`, `connect_timeout_ms`, `operation_timeout_ms`, `sweep_interval_ms` (`0`
-    /// turns the sweeper off),
-    /// `sweep_batch`, `default_ttl_ms`, `owner`, `create_tables` (`true`/`false`). Anything
+    /// database is required. Query parameters set options: the shared ones of
+    /// [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
+    /// `operation_timeout`) and `pool_size`, `lock_table`, `fencing_table`, `sweep_interval`
+    /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables` (`true`/`false`). Anything
     /// else, including a malformed URL, is an `InvalidArgument` (so a typo is not ignored).
-    pub fn from_url(url: &str) -> Result<Self> {
-        let invalid = |why: String| Error::invalid(why).with_backend(crate::BACKEND);
-        let parsed = Url::parse(url).map_err(|e| invalid(format!("malformed MySQL URL: {e}")))?;
-        if !matches!(parsed.scheme(), "mysql" | "mariadb") {
-            return Err(invalid(format!(
-                "the URL scheme is {:?}; the MySQL backend takes mysql:// or mariadb://",
-                parsed.scheme()
-            )));
+    pub fn from_url(raw: &str) -> Result<Self> {
+        let url = ConfigUrl::parse(crate::BACKEND, raw)?;
+        if !matches!(url.scheme, "mysql" | "mariadb") {
+            return Err(url.invalid("the MySQL backend takes mysql:// or mariadb://"));
         }
-        let host = match parsed.host() {
-            Some(Host::Domain(d)) if !d.is_empty() => d.to_string(),
-            Some(Host::Ipv4(ip)) => ip.to_string(),
-            Some(Host::Ipv6(ip)) => ip.to_string(),
-            _ => return Err(invalid("the MySQL URL has no host".to_string())),
+        let [host] = &url.hosts(3306)?[..] else {
+            return Err(url.invalid("the MySQL backend takes one host"));
         };
-        let user = match parsed.username() {
-            "" => None,
-            u => Some(percent_decode(u).map_err(|_| {
-                invalid("the user in the MySQL URL is not valid percent-encoded UTF-8".into())
-            })?),
-        };
-        let password = match parsed.password() {
-            None => None,
-            Some(p) => Some(percent_decode(p).map_err(|_| {
-                invalid("the password in the MySQL URL is not valid percent-encoded UTF-8".into())
-            })?),
-        };
-        let path = parsed.path().trim_start_matches('/');
-        if path.is_empty() {
-            return Err(invalid(
-                "the MySQL URL names no database (mysql://user:pass@host:port/DATABASE)"
-                    .to_string(),
-            ));
+        let decode = |part: Option<&str>, what| part.map(|p| url.decode(p, what)).transpose();
+        let database = url.decode(url.path.unwrap_or("/").trim_start_matches('/'), "database")?;
+        if database.is_empty() {
+            return Err(url.invalid("no database (mysql://user:pass@host:port/DATABASE)"));
         }
-        let database = percent_decode(path)
-            .map_err(|_| invalid("the database in the MySQL URL is not valid UTF-8".into()))?;
         if database.contains('/') {
-            return Err(invalid(format!(
-                "the database name {database:?} contains '/'"
-            )));
+            return Err(url.invalid(format!("the database name {database:?} contains '/'")));
         }
         let mut config = Self {
-            host,
-            port: parsed.port().unwrap_or(3306),
-            user,
-            password,
+            host: host.host.clone(),
+            port: host.port,
+            user: decode(url.user.filter(|u| !u.is_empty()), "user")?,
+            password: decode(url.password, "password")?,
             database,
-            ..Self::defaults()
-        };
-        for (key, value) in parsed.query_pairs() {
-            config.apply_param(&key, &value).map_err(invalid)?;
-        }
-        config.validate()?;
-        Ok(config)
-    }
-
-    fn defaults() -> Self {
-        Self {
-            host: String::new(),
-            port: 3306,
-            user: None,
-            password: None,
-            database: String::new(),
             pool_size: DEFAULT_POOL_SIZE,
             lock_table: DEFAULT_LOCK_TABLE.to_string(),
             fencing_table: DEFAULT_FENCING_TABLE.to_string(),
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
             sweep_batch: DEFAULT_SWEEP_BATCH,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
-            default_ttl: DEFAULT_TTL,
-            owner: None,
+            client: ClientOptions::new(
+                DEFAULT_TTL,
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_OPERATION_TIMEOUT,
+            ),
             create_tables: true,
             backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
-        }
-    }
-
-    fn apply_param(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
-        let int = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| format!("URL parameter {key}={v:?} is not a whole number"))
         };
-        let millis = |v: &str| int(v).map(Duration::from_millis);
-        match key {
-            "pool_size" => {
-                self.pool_size = u32::try_from(int(value)?)
-                    .map_err(|_| format!("pool_size={value} is out of range"))?;
-            }
-            "lock_table" => self.lock_table = value.to_string(),
-            "fencing_table" => self.fencing_table = value.to_string(),
-            "connect_timeout_ms" => self.connect_timeout = millis(value)?,
-            "operation_timeout_ms" => self.operation_timeout = millis(value)?,
-            "sweep_interval_ms" => {
-                let d = millis(value)?;
-                self.sweep_interval = (!d.is_zero()).then_some(d);
-            }
-            "sweep_batch" => {
-                self.sweep_batch = u32::try_from(int(value)?)
-                    .map_err(|_| format!("sweep_batch={value} is out of range"))?;
-            }
-            "default_ttl_ms" => self.default_ttl = millis(value)?,
-            "owner" => {
-                self.owner = Some(OwnerId::new(value).map_err(|e| e.message().to_string())?);
-            }
-            "create_tables" => {
-                self.create_tables = match value {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => return Err(format!("create_tables={value:?} is not true or false")),
-                }
-            }
-            "ssl-mode" | "sslmode" | "ssl_mode" => {
-                return Err(
-                    "TLS is not built into distlock-mysql; connect over a trusted network or a \
-                     local socket tunnel"
-                        .to_string(),
-                )
-            }
-            other => {
-                return Err(format!(
-                    "unknown MySQL URL parameter {other:?} (known: pool_size, lock_table, \
-                     fencing_table, connect_timeout_ms, operation_timeout_ms, \
-                     sweep_interval_ms, sweep_batch, default_ttl_ms, owner, create_tables)"
-                ))
+        let mut q = url.options()?;
+        config.client.take_from(&mut q)?;
+        let number = "a whole number in range";
+        if let Some(n) = q.take_parsed("pool_size", number)? {
+            config.pool_size = n;
+        }
+        if let Some(n) = q.take_parsed("sweep_batch", number)? {
+            config.sweep_batch = n;
+        }
+        if let Some(every) = q.take_duration(&["sweep_interval"])? {
+            config.sweep_interval = (!every.is_zero()).then_some(every);
+        }
+        config.lock_table = q.take_str("lock_table").unwrap_or(config.lock_table);
+        config.fencing_table = q.take_str("fencing_table").unwrap_or(config.fencing_table);
+        config.create_tables = q.take_bool("create_tables")?.unwrap_or(true);
+        for tls in ["ssl-mode", "sslmode", "ssl_mode"] {
+            if let Some(v) = q.take_str(tls) {
+                return Err(q.invalid(
+                    tls,
+                    &v,
+                    "asks for TLS, which is not built into distlock-mysql; connect over a \
+                     trusted network or a local socket tunnel",
+                ));
             }
         }
-        Ok(())
+        q.finish(&[
+            "pool_size",
+            "lock_table",
+            "fencing_table",
+            "sweep_interval",
+            "sweep_batch",
+            "create_tables",
+        ])?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// Checks every setting; a bad one is an `InvalidArgument` naming it.
@@ -237,18 +176,7 @@ impl MysqlConfig {
                 self.lock_table
             ));
         }
-        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
-            return invalid(format!(
-                "connect timeout {:?} is outside (0, {MAX_CONNECT_TIMEOUT:?}]",
-                self.connect_timeout
-            ));
-        }
-        if self.operation_timeout.is_zero() || self.operation_timeout > MAX_OPERATION_TIMEOUT {
-            return invalid(format!(
-                "operation timeout {:?} is outside (0, {MAX_OPERATION_TIMEOUT:?}]",
-                self.operation_timeout
-            ));
-        }
+        self.client.validate(crate::BACKEND)?;
         if let Some(every) = self.sweep_interval {
             if every < Duration::from_millis(1) {
                 return invalid(format!(
@@ -262,7 +190,6 @@ impl MysqlConfig {
                 self.sweep_batch
             ));
         }
-        check_ttl(self.default_ttl).map_err(|e| e.with_backend(crate::BACKEND))?;
         let (base, cap) = self.backoff;
         if base.is_zero() || base > cap || cap > MAX_BACKOFF {
             return invalid(format!(
@@ -274,6 +201,8 @@ impl MysqlConfig {
         }
         Ok(())
     }
+
+    distlock_api::client_option_methods!(client);
 
     /// How many connections each of the client's two pools keeps at most (default 10): one
     /// pool for acquire attempts, inspect and the sweeper, one for renewals and releases, so a
@@ -313,38 +242,6 @@ impl MysqlConfig {
         self
     }
 
-    /// How long connecting may take before the client reports `Unavailable` (default 5 s). It
-    /// also bounds the wait for a pooled connection.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one server operation may take before it fails with a temporary
-    /// `Unavailable` (default 5 s, [`DEFAULT_OPERATION_TIMEOUT`]): an acquire attempt (a
-    /// `try_acquire`, or each poll of a waiting `acquire`), a release, a batch of renewals, an
-    /// `inspect`, one sweep statement. It starts once the operation has its pooled connection
-    /// (the wait for that one is bounded by the connect timeout). The connection of an operation
-    /// that ran out of time is closed, never reused, so a transaction it left open ends with it.
-    /// A server that is paused or cut off by a network that drops packets silently would
-    /// otherwise hold each call until it resumes, or until TCP gives up (many minutes).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
-    }
-
-    /// The lease of watchdog-managed locks when the caller sets none (default 30 s).
-    pub fn default_ttl(mut self, ttl: Duration) -> Self {
-        self.default_ttl = ttl;
-        self
-    }
-
-    /// The client's owner id (default: a fresh random one).
-    pub fn owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
-        self
-    }
-
     /// Whether `connect` runs `CREATE TABLE IF NOT EXISTS` for both tables (default `true`).
     /// Turn it off when the tables are created by a migration and the user lacks `CREATE`.
     pub fn create_tables(mut self, create: bool) -> Self {
@@ -359,68 +256,45 @@ impl MysqlConfig {
         self
     }
 
+    /// The pool size.
+    pub fn get_pool_size(&self) -> u32 {
+        self.pool_size
+    }
+
     /// The lock table's name.
-    pub fn lock_table_name(&self) -> &str {
+    pub fn get_lock_table(&self) -> &str {
         &self.lock_table
     }
 
     /// The fencing table's name.
-    pub fn fencing_table_name(&self) -> &str {
+    pub fn get_fencing_table(&self) -> &str {
         &self.fencing_table
     }
 
-    /// The pool size.
-    pub fn pool_size_value(&self) -> u32 {
-        self.pool_size
-    }
-
     /// The sweeper's interval, `None` if it is off.
-    pub fn sweep_interval_value(&self) -> Option<Duration> {
+    pub fn get_sweep_interval(&self) -> Option<Duration> {
         self.sweep_interval
     }
 
     /// The rows one sweep statement deletes at most.
-    pub fn sweep_batch_value(&self) -> u32 {
+    pub fn get_sweep_batch(&self) -> u32 {
         self.sweep_batch
     }
 
-    /// The connect timeout.
-    pub fn connect_timeout_value(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The operation timeout.
-    pub fn operation_timeout_value(&self) -> Duration {
-        self.operation_timeout
-    }
-
-    /// The default lease of watchdog-managed locks.
-    pub fn default_ttl_value(&self) -> Duration {
-        self.default_ttl
-    }
-
-    /// The configured owner id, if any.
-    pub fn owner_value(&self) -> Option<&OwnerId> {
-        self.owner.as_ref()
-    }
-
     /// Whether `connect` creates the tables.
-    pub fn create_tables_value(&self) -> bool {
+    pub fn get_create_tables(&self) -> bool {
         self.create_tables
     }
 
     /// The backoff's first step and cap.
-    pub fn backoff_value(&self) -> (Duration, Duration) {
+    pub fn get_backoff(&self) -> (Duration, Duration) {
         self.backoff
     }
 
     /// `host:port`, as errors name the server.
     pub fn endpoint(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        let (host, port) = (self.host.clone(), self.port);
+        HostPort { host, port }.to_string()
     }
 
     /// The database.
@@ -460,10 +334,7 @@ impl fmt::Debug for MysqlConfig {
             .field("fencing_table", &self.fencing_table)
             .field("sweep_interval", &self.sweep_interval)
             .field("sweep_batch", &self.sweep_batch)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("operation_timeout", &self.operation_timeout)
-            .field("default_ttl", &self.default_ttl)
-            .field("owner", &self.owner)
+            .field("client", &self.client)
             .field("create_tables", &self.create_tables)
             .field("backoff", &self.backoff)
             .finish()
@@ -487,27 +358,10 @@ fn check_identifier(what: &str, name: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn percent_decode(s: &str) -> std::result::Result<String, ()> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).ok_or(())?;
-            let hex = std::str::from_utf8(hex).map_err(|_| ())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_api::config::MAX_TIMEOUT as MAX_OPERATION_TIMEOUT;
     use distlock_api::ErrorKind;
 
     #[test]
@@ -522,16 +376,16 @@ mod tests {
         assert_eq!(c.password.as_deref(), Some("p:ss"));
         assert_eq!(c.endpoint(), "db.example:3307");
         assert_eq!(c.database(), "my_db");
-        assert_eq!(c.pool_size_value(), 3);
-        assert_eq!(c.lock_table_name(), "l1");
-        assert_eq!(c.fencing_table_name(), "f1");
-        assert_eq!(c.connect_timeout_value(), Duration::from_millis(1500));
-        assert_eq!(c.operation_timeout_value(), Duration::from_millis(2500));
-        assert_eq!(c.sweep_interval_value(), Some(Duration::from_millis(250)));
-        assert_eq!(c.sweep_batch_value(), 7);
-        assert_eq!(c.default_ttl_value(), Duration::from_millis(900));
-        assert_eq!(c.owner_value().map(|o| o.label()), Some("w-1"));
-        assert!(!c.create_tables_value());
+        assert_eq!(c.get_pool_size(), 3);
+        assert_eq!(c.get_lock_table(), "l1");
+        assert_eq!(c.get_fencing_table(), "f1");
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(1500));
+        assert_eq!(c.get_operation_timeout(), Duration::from_millis(2500));
+        assert_eq!(c.get_sweep_interval(), Some(Duration::from_millis(250)));
+        assert_eq!(c.get_sweep_batch(), 7);
+        assert_eq!(c.get_default_ttl(), Duration::from_millis(900));
+        assert_eq!(c.get_owner().map(|o| o.label()), Some("w-1"));
+        assert!(!c.get_create_tables());
         assert!(
             !format!("{c:?}").contains("p:ss"),
             "password leaked into Debug"
@@ -543,16 +397,16 @@ mod tests {
         let c = MysqlConfig::from_url("mariadb://127.0.0.1/distlock").unwrap();
         assert_eq!(c.endpoint(), "127.0.0.1:3306");
         assert_eq!(c.user, None);
-        assert_eq!(c.lock_table_name(), DEFAULT_LOCK_TABLE);
-        assert_eq!(c.fencing_table_name(), DEFAULT_FENCING_TABLE);
-        assert_eq!(c.sweep_interval_value(), Some(DEFAULT_SWEEP_INTERVAL));
-        assert_eq!(c.pool_size_value(), DEFAULT_POOL_SIZE);
-        assert_eq!(c.connect_timeout_value(), DEFAULT_CONNECT_TIMEOUT);
-        assert_eq!(c.operation_timeout_value(), DEFAULT_OPERATION_TIMEOUT);
+        assert_eq!(c.get_lock_table(), DEFAULT_LOCK_TABLE);
+        assert_eq!(c.get_fencing_table(), DEFAULT_FENCING_TABLE);
+        assert_eq!(c.get_sweep_interval(), Some(DEFAULT_SWEEP_INTERVAL));
+        assert_eq!(c.get_pool_size(), DEFAULT_POOL_SIZE);
+        assert_eq!(c.get_connect_timeout(), DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.get_operation_timeout(), DEFAULT_OPERATION_TIMEOUT);
         assert!(format!("{c:?}").contains("operation_timeout: 5s"), "{c:?}");
         let c = MysqlConfig::from_url("mysql://u@[::1]:3310/d?sweep_interval_ms=0").unwrap();
         assert_eq!(c.endpoint(), "[::1]:3310");
-        assert_eq!(c.sweep_interval_value(), None);
+        assert_eq!(c.get_sweep_interval(), None);
     }
 
     #[test]
@@ -593,7 +447,7 @@ mod tests {
         }
         let unknown = MysqlConfig::from_url("mysql://127.0.0.1/db?poolsize=3").unwrap_err();
         assert!(
-            unknown.to_string().contains("operation_timeout_ms"),
+            unknown.to_string().contains("operation_timeout"),
             "the known parameters are listed: {unknown}"
         );
         let long = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(65));

@@ -5,8 +5,11 @@
 mod backend;
 mod config;
 mod conn;
+mod error;
 mod renewal;
 mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use backend::{MysqlLock, CAPABILITIES};
 pub use config::{
@@ -23,6 +26,22 @@ pub use sqlx;
 
 /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
 pub const BACKEND: &str = "mysql";
+
+/// The MySQL/MariaDB backend, described once for the facade, the benchmark and the tests.
+pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
+    id: BACKEND,
+    label: "MySQL/MariaDB",
+    schemes: &["mysql", "mariadb"],
+    test_url_var: "DISTLOCK_MYSQL_URL",
+    test_url_default: "mysql://distlock:distlock@127.0.0.1:3306/distlock",
+    capabilities: CAPABILITIES,
+    connect: |url| {
+        Box::pin(async move {
+            let lock = MysqlLock::connect(MysqlConfig::from_url(&url)?).await?;
+            Ok(std::sync::Arc::new(lock) as SharedLock)
+        })
+    },
+};
 
 /// The DDL of the lock table, as `connect` runs it (`{locks}` stands for the table name).
 pub const LOCK_TABLE_DDL: &str = include_str!("sql/create_locks.sql");

@@ -204,7 +204,7 @@ impl Renewals {
         loop {
             attempt += 1;
             match self.execute(conn, batch).await {
-                Err(e) if crate::backend::is_conflict(&e) && attempt < CONFLICT_RETRIES => continue,
+                Err(e) if crate::error::is_conflict(&e) && attempt < CONFLICT_RETRIES => continue,
                 other => return other,
             }
         }

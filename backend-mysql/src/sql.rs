@@ -121,6 +121,9 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
+    /// The lock table's (validated) name, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) locks: Arc<str>,
 }
 
 impl Statements {
@@ -149,6 +152,8 @@ impl Statements {
             clear_expired: r(CLEAR_EXPIRED),
             renew: r(RENEW),
             sweep: r(SWEEP),
+            #[cfg(feature = "testing")]
+            locks: locks.into(),
         }
     }
 }

@@ -261,7 +261,7 @@ async fn restart_test() {
 
     // Renewals resume before the safe-until the holder had at the crash: a renewal sent after
     // the kill can only have been answered by the restarted server.
-    let ttl_after_kill = killed_at + RESTART_TTL - distlock_api::drift(RESTART_TTL);
+    let ttl_after_kill = killed_at + RESTART_TTL - distlock_api::backend::drift(RESTART_TTL);
     let resumed_at = loop {
         if guard.safe_until().is_some_and(|u| u > ttl_after_kill) {
             break Instant::now();

@@ -4,10 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, lost, AcquireRequest, Blocking, Capabilities, ClientCore, DistributedLock,
-    Fencing, FencingToken, Grant, LeaseKind, LockInfo, LockName, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
+    LockName, Result, TtlSupport,
 };
 
 use crate::config::RedisConfig;
@@ -53,6 +54,12 @@ impl fmt::Debug for RedisLock {
 }
 
 impl RedisLock {
+    /// The server, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn server(&self) -> &Server {
+        &self.shared.server
+    }
+
     /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
     pub const BACKEND: &'static str = "redis";
 
@@ -63,16 +70,16 @@ impl RedisLock {
             .validate()
             .map_err(|e| e.with_backend(Self::BACKEND))?;
         let mut core =
-            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.default_ttl)?;
-        if let Some(owner) = &config.options.owner {
+            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.client.default_ttl)?;
+        if let Some(owner) = &config.options.client.owner {
             core = core.with_owner(owner.clone());
         }
         let server = Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?;
         let hub = Hub::new(HubConfig {
             endpoint: config.endpoint.clone(),
             backend: Self::BACKEND,
-            connect_timeout: config.options.connect_timeout,
-            response_timeout: config.options.response_timeout,
+            connect_timeout: config.options.client.connect_timeout,
+            response_timeout: config.options.client.operation_timeout,
         });
         Ok(Self {
             core,

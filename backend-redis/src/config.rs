@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use distlock_api::{check_ttl, Error, ErrorKind, LockName, OwnerId, Result, DEFAULT_TTL};
+use distlock_api::config::{redact, ConfigUrl};
+use distlock_api::{ClientOptions, Error, ErrorKind, LockName, Result, DEFAULT_TTL};
 
 use crate::keys::{check_prefix, KeySpace};
 
@@ -17,24 +18,27 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The fewest masters a [`RedLock`](crate::RedLock) accepts: with fewer, one failure stops it.
 pub const MIN_REDLOCK_INSTANCES: usize = 3;
 
-/// Options shared by the single-server and RedLock clients.
+/// The name the config's errors carry.
+const BACKEND: &str = "redis";
+
+/// Options shared by the single-server and RedLock clients: the shared client options of
+/// [`distlock_api::config`] (the operation timeout bounds each command's answer) and the key
+/// prefix.
 #[derive(Clone, Debug)]
 pub(crate) struct Options {
     pub(crate) key_prefix: String,
-    pub(crate) default_ttl: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
-    pub(crate) owner: Option<OwnerId>,
+    pub(crate) client: ClientOptions,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
             key_prefix: DEFAULT_KEY_PREFIX.to_string(),
-            default_ttl: DEFAULT_TTL,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            owner: None,
+            client: ClientOptions::new(
+                DEFAULT_TTL,
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_RESPONSE_TIMEOUT,
+            ),
         }
     }
 }
@@ -42,48 +46,11 @@ impl Default for Options {
 impl Options {
     fn validate(&self) -> Result<()> {
         check_prefix(&self.key_prefix)?;
-        check_ttl(self.default_ttl)
-            .map_err(|e| Error::invalid(format!("default TTL: {}", e.message())))?;
-        for (what, t) in [
-            ("connect timeout", self.connect_timeout),
-            ("response timeout", self.response_timeout),
-        ] {
-            if t.is_zero() || t > Duration::from_secs(3600) {
-                return Err(Error::invalid(format!(
-                    "{what} {t:?} must be between 1ns and 1h"
-                )));
-            }
-        }
-        Ok(())
+        self.client.validate(BACKEND)
     }
 
     pub(crate) fn keys(&self) -> KeySpace {
         KeySpace::new(&self.key_prefix)
-    }
-
-    /// Applies and removes distlock's own query parameters from `url`.
-    fn take_params(&mut self, url: &mut url::Url) -> Result<()> {
-        let mut rest = Vec::new();
-        for (k, v) in url.query_pairs() {
-            let ms = || {
-                v.parse::<u64>().map(Duration::from_millis).map_err(|_| {
-                    Error::invalid(format!("{k}={v:?} is not a whole number of milliseconds"))
-                })
-            };
-            match &*k {
-                "key_prefix" => self.key_prefix = v.to_string(),
-                "default_ttl_ms" => self.default_ttl = ms()?,
-                "connect_timeout_ms" => self.connect_timeout = ms()?,
-                "response_timeout_ms" => self.response_timeout = ms()?,
-                _ => rest.push((k.to_string(), v.to_string())),
-            }
-        }
-        if rest.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(rest);
-        }
-        Ok(())
     }
 }
 
@@ -101,10 +68,23 @@ impl fmt::Debug for Endpoint {
     }
 }
 
-/// Parses one `redis://` or `rediss://` URL, applying distlock's query parameters to `options`.
+/// Parses one `redis://` or `rediss://` URL, taking distlock's query options into `options`;
+/// the rest go to the driver.
 fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
+    let raw = raw.trim();
     let bad = |why: &str| Error::invalid(format!("bad Redis URL {:?}: {why}", redact(raw)));
-    let mut url = url::Url::parse(raw.trim()).map_err(|e| bad(&e.to_string()))?;
+    let cut = ConfigUrl::parse(BACKEND, raw)?;
+    let mut query = cut.options()?;
+    options.client.take_from(&mut query)?;
+    if let Some(prefix) = query.take_str("key_prefix") {
+        options.key_prefix = prefix;
+    }
+    let base = raw.split_once('?').map_or(raw, |(b, _)| b);
+    let driver_url = match query.rest() {
+        Some(rest) => format!("{base}?{rest}"),
+        None => base.to_string(),
+    };
+    let url = url::Url::parse(&driver_url).map_err(|e| bad(&e.to_string()))?;
     match url.scheme() {
         "redis" => {}
         "rediss" if cfg!(feature = "tls") => {}
@@ -127,7 +107,6 @@ fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad("no host"));
     }
-    options.take_params(&mut url)?;
     let display = format!(
         "{}:{}{}",
         url.host_str().unwrap_or_default(),
@@ -141,21 +120,6 @@ fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
     Ok(Endpoint { display, client })
 }
 
-/// The URL with any password replaced by `***`, for messages.
-fn redact(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(_) => raw.to_string(),
-        Err(_) => match raw.rsplit_once('@') {
-            Some((_, host)) => format!("***@{host}"),
-            None => raw.to_string(),
-        },
-    }
-}
-
 macro_rules! setters {
     () => {
         /// Stores locks under keys starting with `prefix:` (default [`DEFAULT_KEY_PREFIX`]).
@@ -165,36 +129,12 @@ macro_rules! setters {
             self
         }
 
-        /// The lease of watchdog-managed locks when the caller does not set one (default
-        /// [`DEFAULT_TTL`]).
-        pub fn default_ttl(mut self, ttl: Duration) -> Self {
-            self.options.default_ttl = ttl;
-            self
-        }
+        distlock_api::client_option_methods!(options.client);
 
-        /// How long connecting may take before the server counts as
-        /// [`Unavailable`](ErrorKind::Unavailable) (default [`DEFAULT_CONNECT_TIMEOUT`]).
-        pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-            self.options.connect_timeout = timeout;
-            self
-        }
-
-        /// How long one command may wait for its answer (default
-        /// [`DEFAULT_RESPONSE_TIMEOUT`]).
-        pub fn response_timeout(mut self, timeout: Duration) -> Self {
-            self.options.response_timeout = timeout;
-            self
-        }
-
-        /// Acquires as `owner` by default instead of a fresh random owner id.
-        pub fn owner(mut self, owner: OwnerId) -> Self {
-            self.options.owner = Some(owner);
-            self
-        }
-
-        /// The configured connect timeout.
-        pub fn get_connect_timeout(&self) -> Duration {
-            self.options.connect_timeout
+        /// The older name of [`operation_timeout`](Self::operation_timeout): how long one
+        /// command may wait for its answer (default [`DEFAULT_RESPONSE_TIMEOUT`]).
+        pub fn response_timeout(self, timeout: Duration) -> Self {
+            self.operation_timeout(timeout)
         }
 
         /// The key of `name`'s lock hash (owner → hold count, `#token`, `#fence`), for
@@ -252,8 +192,10 @@ pub struct RedisConfig {
 impl RedisConfig {
     /// Parses `redis://[user:password@]host[:port][/db][?options]` or `rediss://…` (TLS,
     /// with the `tls` feature; without it [`Unsupported`](ErrorKind::Unsupported)). distlock
-    /// reads the query options `key_prefix`, `default_ttl_ms`, `connect_timeout_ms` and
-    /// `response_timeout_ms`; the rest go to the `redis` driver (e.g. `protocol=resp3`).
+    /// reads `key_prefix` and the shared options of [`distlock_api::config`] (`owner`,
+    /// `default_ttl`, `connect_timeout`, `operation_timeout`, its older name
+    /// `response_timeout`, and their `_ms` spellings); the rest go to the `redis` driver
+    /// (e.g. `protocol=resp3`).
     /// A malformed URL is [`InvalidArgument`](ErrorKind::InvalidArgument); no I/O happens.
     pub fn from_url(url: &str) -> Result<Self> {
         let mut options = Options::default();
@@ -385,9 +327,16 @@ mod tests {
         .unwrap();
         assert_eq!(c.endpoint(), "127.0.0.1:6380/2");
         assert_eq!(c.options.key_prefix, "app");
-        assert_eq!(c.options.default_ttl, Duration::from_millis(1500));
+        assert_eq!(c.get_default_ttl(), Duration::from_millis(1500));
         assert_eq!(c.get_connect_timeout(), Duration::from_millis(250));
         assert!(!format!("{c:?}").contains("secret"));
+        let c = RedisConfig::from_url(
+            "redis://h?default_ttl=2s&response_timeout=750ms&owner=job-7&protocol=resp3",
+        )
+        .unwrap();
+        assert_eq!(c.get_default_ttl(), Duration::from_secs(2));
+        assert_eq!(c.get_operation_timeout(), Duration::from_millis(750));
+        assert_eq!(c.get_owner().map(|o| o.to_string()), Some("job-7".into()));
         let c = RedisConfig::from_url("redis://localhost").unwrap();
         assert_eq!(c.endpoint(), "localhost:6379");
         assert_eq!(c.options.key_prefix, DEFAULT_KEY_PREFIX);
@@ -406,6 +355,8 @@ mod tests {
             "redis://127.0.0.1?default_ttl_ms=0",
             "redis://127.0.0.1?key_prefix=a%7Bb",
             "redis://127.0.0.1?connect_timeout_ms=0",
+            "redis://127.0.0.1?default_ttl=10",
+            "redis://127.0.0.1?operation_timeout=11m",
         ] {
             assert_eq!(
                 kind(RedisConfig::from_url(bad)),

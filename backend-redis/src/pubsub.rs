@@ -156,8 +156,8 @@ pub(crate) struct Subscription {
     seen: AtomicU64,
 }
 
-#[distlock_api::async_trait]
-impl distlock_api::wait::Notices for Subscription {
+#[distlock_api::backend::async_trait]
+impl distlock_api::backend::wait::Notices for Subscription {
     async fn wait(&self, max: Duration) {
         Subscription::wait(self, max).await
     }

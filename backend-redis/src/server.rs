@@ -80,8 +80,8 @@ pub(crate) struct Server {
 impl Server {
     fn manager_config(options: &Options) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.response_timeout))
+            .set_connection_timeout(Some(options.client.connect_timeout))
+            .set_response_timeout(Some(options.client.operation_timeout))
             // Each command that finds the connection broken triggers one fresh connect; a lock
             // call must fail fast rather than sit in a reconnect loop.
             .set_number_of_retries(0)
@@ -121,7 +121,7 @@ impl Server {
         ))
         .catch_unwind();
         // The driver bounds each step; this bounds the whole handshake too (AUTH, SELECT, HELLO).
-        let limit = options.connect_timeout + options.response_timeout;
+        let limit = options.client.connect_timeout + options.client.operation_timeout;
         let conn = match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(Ok(conn))) => conn,
             Ok(Ok(Err(e))) => return Err(driver_error(backend, endpoint, "connect", e)),
@@ -174,11 +174,11 @@ impl Server {
             .map_err(|e| self.error("load scripts", e))
     }
 
-    fn error(&self, what: &str, e: redis::RedisError) -> Error {
+    pub(crate) fn error(&self, what: &str, e: redis::RedisError) -> Error {
         driver_error(self.backend, &self.endpoint, what, e)
     }
 
-    fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> ConnectionManager {
         self.conn
             .read()
             .unwrap_or_else(PoisonError::into_inner)

@@ -1,26 +1,32 @@
-//! Parsing and validating the ZooKeeper backend's configuration, with no I/O.
+//! Parsing and validating the ZooKeeper backend's configuration, with no I/O. The shared
+//! options and the builder style are those of [`distlock_api::config`].
 
 use std::fmt;
 use std::time::Duration;
 
-use distlock_api::{Error, OwnerId, Result};
+use distlock_api::config::ConfigUrl;
+use distlock_api::{ClientOptions, Error, Result};
 
 /// The port a host without one is reached on.
 pub const DEFAULT_PORT: u16 = 2181;
-/// The session timeout asked of the server unless the URL or [`ZkConfig::session_timeout`]
-/// say otherwise. The server clamps it to its own `[minSessionTimeout, maxSessionTimeout]`
-/// (by default 2 and 20 times its `tickTime`, 4 s and 40 s with the stock 2 s tick).
+/// The session timeout asked of the server unless the URL or [`ZkConfig::default_ttl`] say
+/// otherwise. The server clamps it to its own `[minSessionTimeout, maxSessionTimeout]` (by
+/// default 2 and 20 times its `tickTime`, 4 s and 40 s with the stock 2 s tick).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `connect` may take to establish a session, unless the URL or
 /// [`ZkConfig::connect_timeout`] say otherwise.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest bound of one request (each is bounded by the longer of this and the session
+/// timeout: a request may take as long as the session survives without the server).
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where lock nodes live (under the chroot, if the URL names one).
 pub const DEFAULT_BASE_PATH: &str = "/distlock";
 
 /// The longest session timeout a client may ask for: ZooKeeper carries it as an `int` of
 /// milliseconds, and no stock server grants more than its `maxSessionTimeout` anyway.
 const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
+
+const BACKEND: &str = "zk";
 
 /// How to reach the ensemble and where the lock nodes live.
 ///
@@ -28,13 +34,14 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(600);
 /// use std::time::Duration;
 /// use distlock_zk::ZkConfig;
 ///
-/// let config = ZkConfig::from_url("zk://zk1:2181,zk2:2181,zk3/apps?session_timeout_ms=6000")?
-///     .base_path("/locks")?
-///     .connect_timeout(Duration::from_secs(3))?;
+/// let config = ZkConfig::from_url("zk://zk1:2181,zk2:2181,zk3/apps?default_ttl=6s")?
+///     .base_path("/locks")
+///     .connect_timeout(Duration::from_secs(3));
+/// config.validate()?;
 /// assert_eq!(config.hosts(), "zk1:2181,zk2:2181,zk3:2181");
 /// assert_eq!(config.chroot(), Some("/apps"));
-/// assert_eq!(config.base(), "/locks");
-/// assert_eq!(config.requested_session_timeout(), Duration::from_secs(6));
+/// assert_eq!(config.get_base_path(), "/locks");
+/// assert_eq!(config.get_default_ttl(), Duration::from_secs(6));
 /// # Ok::<_, distlock_zk::Error>(())
 /// ```
 #[derive(Clone)]
@@ -42,9 +49,8 @@ pub struct ZkConfig {
     pub(crate) hosts: String,
     pub(crate) chroot: Option<String>,
     pub(crate) base_path: String,
-    pub(crate) session_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) owner: Option<OwnerId>,
+    /// `default_ttl` is the session timeout asked for: the lease of every lock.
+    pub(crate) client: ClientOptions,
 }
 
 impl fmt::Debug for ZkConfig {
@@ -53,9 +59,7 @@ impl fmt::Debug for ZkConfig {
             .field("hosts", &self.hosts)
             .field("chroot", &self.chroot)
             .field("base_path", &self.base_path)
-            .field("session_timeout", &self.session_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("owner", &self.owner)
+            .field("client", &self.client)
             .finish()
     }
 }
@@ -64,103 +68,83 @@ impl ZkConfig {
     /// A configuration for the ensemble at `hosts` (`host[:port]`, comma-separated), with the
     /// defaults for everything else.
     pub fn new(hosts: &str) -> Result<Self> {
-        Ok(Self {
-            hosts: parse_hosts(hosts)?,
-            chroot: None,
-            base_path: DEFAULT_BASE_PATH.to_string(),
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            owner: None,
-        })
+        Self::from_url(&format!("zk://{hosts}"))
     }
 
     /// Parses `zk://host1[:port],host2[:port]/chroot?option=value&…`.
     ///
-    /// The chroot is optional; it is created (as persistent nodes) if missing. Options:
-    /// `session_timeout_ms`, `connect_timeout_ms` and `base_path` (URL-escaped where needed),
-    /// the same as the setters below. Credentials in the URL, an unknown option, a bad host,
-    /// port or path are [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument).
-    pub fn from_url(url: &str) -> Result<Self> {
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| invalid(format!("{url:?} is not a zk:// URL")))?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, Some(q)),
-            None => (rest, None),
-        };
-        if rest.contains('#') || query.is_some_and(|q| q.contains('#')) {
-            return Err(invalid("a zk:// URL takes no #fragment"));
+    /// The chroot is optional; it is created (as persistent nodes) if missing. Options: the
+    /// shared ones of [`distlock_api::config`] (`default_ttl` is the session timeout asked for;
+    /// `session_timeout` is accepted as its older name) and `base_path` (URL-escaped where
+    /// needed). Credentials in the URL, an unknown option, a bad host, port or path are
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument).
+    pub fn from_url(raw: &str) -> Result<Self> {
+        let url = ConfigUrl::parse(BACKEND, raw)?;
+        if !url.scheme.eq_ignore_ascii_case("zk") {
+            return Err(url.invalid("not a zk:// URL"));
         }
-        let (hosts, chroot) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        if hosts.contains('@') {
-            return Err(invalid(
+        if url.user.is_some() {
+            return Err(url.invalid(
                 "credentials in a zk:// URL are not supported: the backend creates its nodes \
                  with open ACLs and does not authenticate",
             ));
         }
-        let mut config = Self::new(hosts)?;
-        if !chroot.is_empty() && chroot != "/" {
-            let chroot = percent_decode(chroot)
-                .ok_or_else(|| invalid(format!("chroot {chroot:?} is not valid %-encoding")))?;
-            validate_path("chroot", &chroot)?;
-            config.chroot = Some(chroot);
+        let hosts: Vec<String> = (url.hosts(DEFAULT_PORT)?.iter())
+            .map(ToString::to_string)
+            .collect();
+        let mut config = Self {
+            hosts: hosts.join(","),
+            chroot: None,
+            base_path: DEFAULT_BASE_PATH.to_string(),
+            client: ClientOptions::new(
+                DEFAULT_SESSION_TIMEOUT,
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_OPERATION_TIMEOUT,
+            ),
+        };
+        match url.path {
+            None | Some("/") => {}
+            Some(chroot) => config.chroot = Some(url.decode(chroot, "chroot")?),
         }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| invalid(format!("option {pair:?} has no value")))?;
-            let value = percent_decode(value).ok_or_else(|| {
-                invalid(format!("option {key}: {value:?} is not valid %-encoding"))
-            })?;
-            config = match key {
-                "session_timeout_ms" => config.session_timeout(millis(key, &value)?)?,
-                "connect_timeout_ms" => config.connect_timeout(millis(key, &value)?)?,
-                "base_path" => config.base_path(value)?,
-                other => {
-                    return Err(invalid(format!(
-                        "unknown zk:// option {other:?}: expected session_timeout_ms, \
-                         connect_timeout_ms or base_path"
-                    )))
-                }
-            };
+        let mut query = url.options()?;
+        if let Some(ttl) = query.take_duration(&["session_timeout"])? {
+            config.client.default_ttl = ttl;
         }
+        config.client.take_from(&mut query)?;
+        if let Some(base) = query.take_str("base_path") {
+            config.base_path = base;
+        }
+        query.finish(&["base_path"])?;
+        config.validate()?;
         Ok(config)
     }
 
+    distlock_api::client_option_methods!(client);
+
     /// Keeps lock nodes under `path` (absolute, under the chroot; default `/distlock`). It is
     /// created as persistent nodes if missing; each lock is a container node below it.
-    pub fn base_path(mut self, path: impl Into<String>) -> Result<Self> {
-        let path = path.into();
-        validate_path("base path", &path)?;
-        self.base_path = path;
-        Ok(self)
-    }
-
-    /// The session timeout to ask for: the lease of every lock this client holds. The server
-    /// clamps it to its limits; [`ZkLock::session_timeout`](crate::ZkLock::session_timeout)
-    /// reports what it granted. 1 ms ..= 24 h.
-    pub fn session_timeout(mut self, timeout: Duration) -> Result<Self> {
-        check_range("session timeout", timeout, MAX_SESSION_TIMEOUT)?;
-        self.session_timeout = timeout;
-        Ok(self)
-    }
-
-    /// How long `connect` may take to establish a session (and create the base path) before
-    /// it fails with `Unavailable`. Also the bound of each reconnect attempt after a session
-    /// is lost. 1 ms ..= 10 min.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self> {
-        check_range("connect timeout", timeout, MAX_CONNECT_TIMEOUT)?;
-        self.connect_timeout = timeout;
-        Ok(self)
-    }
-
-    /// Uses `owner` as the client's owner id instead of a fresh random one.
-    pub fn owner(mut self, owner: OwnerId) -> Self {
-        self.owner = Some(owner);
+    pub fn base_path(mut self, path: impl Into<String>) -> Self {
+        self.base_path = path.into();
         self
+    }
+
+    /// Checks every option; [`ZkLock::connect`](crate::ZkLock::connect) calls it before any
+    /// I/O. The TTL ([`default_ttl`](ZkConfig::default_ttl)) is the session timeout to ask for,
+    /// 1 ms ..= 24 h: the lease of every lock this client holds. The server clamps it to its
+    /// limits; [`ZkLock::session_timeout`](crate::ZkLock::session_timeout) reports what it
+    /// granted. The connect timeout also bounds each reconnect attempt after a session is lost.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(chroot) = &self.chroot {
+            validate_path("chroot", chroot)?;
+        }
+        validate_path("base path", &self.base_path)?;
+        let ttl = self.client.default_ttl;
+        if ttl > MAX_SESSION_TIMEOUT {
+            return Err(invalid(format!(
+                "session timeout {ttl:?} is out of range: 1ms ..= {MAX_SESSION_TIMEOUT:?}"
+            )));
+        }
+        self.client.validate(BACKEND)
     }
 
     /// The ensemble, as the connect string the client uses (`host:port,…`).
@@ -174,18 +158,8 @@ impl ZkConfig {
     }
 
     /// The base path lock nodes live under (below the chroot).
-    pub fn base(&self) -> &str {
+    pub fn get_base_path(&self) -> &str {
         &self.base_path
-    }
-
-    /// The session timeout this config asks for (the server may grant another).
-    pub fn requested_session_timeout(&self) -> Duration {
-        self.session_timeout
-    }
-
-    /// How long `connect` may take.
-    pub fn requested_connect_timeout(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// The base path as the server sees it: chroot plus base path.
@@ -199,72 +173,7 @@ impl ZkConfig {
 }
 
 fn invalid(message: impl Into<String>) -> Error {
-    Error::invalid(message).with_backend("zk")
-}
-
-fn check_range(what: &str, d: Duration, max: Duration) -> Result<()> {
-    if d < Duration::from_millis(1) || d > max {
-        return Err(invalid(format!(
-            "{what} {d:?} is out of range: 1ms ..= {max:?}"
-        )));
-    }
-    Ok(())
-}
-
-fn millis(key: &str, value: &str) -> Result<Duration> {
-    value
-        .parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|_| {
-            invalid(format!(
-                "option {key}: {value:?} is not a whole number of ms"
-            ))
-        })
-}
-
-/// Normalises `host[:port],…` into the connect string the client takes, port defaulted.
-fn parse_hosts(hosts: &str) -> Result<String> {
-    if hosts.is_empty() {
-        return Err(invalid("a zk:// URL needs at least one host"));
-    }
-    let mut out = Vec::new();
-    for entry in hosts.split(',') {
-        let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
-            // [v6]:port
-            let (h, after) = rest
-                .split_once(']')
-                .ok_or_else(|| invalid(format!("host {entry:?} has an unclosed '['")))?;
-            let port = match after {
-                "" => None,
-                p => Some(p.strip_prefix(':').ok_or_else(|| {
-                    invalid(format!("host {entry:?}: expected ':port' after ']'"))
-                })?),
-            };
-            (format!("[{h}]"), port)
-        } else {
-            match entry.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (entry.to_string(), None),
-            }
-        };
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let host_ok = !bare.is_empty()
-            && bare
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':'));
-        if !host_ok {
-            return Err(invalid(format!("bad host {entry:?} in {hosts:?}")));
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => match p.parse::<u16>() {
-                Ok(p) if p > 0 => p,
-                _ => return Err(invalid(format!("bad port in {entry:?}"))),
-            },
-        };
-        out.push(format!("{host}:{port}"));
-    }
-    Ok(out.join(","))
+    Error::invalid(message).with_backend(BACKEND)
 }
 
 /// Checks an absolute ZooKeeper path the way the server would, so a bad one is
@@ -301,10 +210,6 @@ fn validate_path(what: &str, path: &str) -> Result<()> {
     Ok(())
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    crate::path::percent_decode(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,9 +220,9 @@ mod tests {
         let c = ZkConfig::from_url("zk://127.0.0.1:2181").unwrap();
         assert_eq!(c.hosts(), "127.0.0.1:2181");
         assert_eq!(c.chroot(), None);
-        assert_eq!(c.base(), DEFAULT_BASE_PATH);
+        assert_eq!(c.get_base_path(), DEFAULT_BASE_PATH);
         assert_eq!(c.absolute_base(), "/distlock");
-        assert_eq!(c.requested_session_timeout(), DEFAULT_SESSION_TIMEOUT);
+        assert_eq!(c.get_default_ttl(), DEFAULT_SESSION_TIMEOUT);
 
         let c = ZkConfig::from_url(
             "zk://a,b:2182,[::1]:2183,[fe80::1]/app/x?session_timeout_ms=1500&connect_timeout_ms=250&base_path=%2Flocks%2Fv1",
@@ -325,10 +230,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.hosts(), "a:2181,b:2182,[::1]:2183,[fe80::1]:2181");
         assert_eq!(c.chroot(), Some("/app/x"));
-        assert_eq!(c.base(), "/locks/v1");
+        assert_eq!(c.get_base_path(), "/locks/v1");
         assert_eq!(c.absolute_base(), "/app/x/locks/v1");
-        assert_eq!(c.requested_session_timeout(), Duration::from_millis(1500));
-        assert_eq!(c.requested_connect_timeout(), Duration::from_millis(250));
+        assert_eq!(c.get_default_ttl(), Duration::from_millis(1500));
+        assert_eq!(c.get_connect_timeout(), Duration::from_millis(250));
 
         let c = ZkConfig::from_url("zk://h/?base_path=/").unwrap();
         assert_eq!(c.chroot(), None);
@@ -375,15 +280,22 @@ mod tests {
     #[test]
     fn setters_validate() {
         let c = ZkConfig::new("h").unwrap();
-        assert!(c.clone().session_timeout(Duration::ZERO).is_err());
+        assert!(c.clone().default_ttl(Duration::ZERO).validate().is_err());
         assert!(c
             .clone()
-            .session_timeout(MAX_SESSION_TIMEOUT + Duration::from_secs(1))
+            .default_ttl(MAX_SESSION_TIMEOUT + Duration::from_secs(1))
+            .validate()
             .is_err());
-        assert!(c.clone().connect_timeout(Duration::from_secs(601)).is_err());
-        assert!(c.clone().base_path("").is_err());
-        assert!(c.clone().base_path("/a\u{1}").is_err());
-        assert!(c.clone().base_path("/🔒").is_err());
-        assert_eq!(c.base_path("/ok/é").unwrap().base(), "/ok/é");
+        assert!(c
+            .clone()
+            .connect_timeout(Duration::from_secs(601))
+            .validate()
+            .is_err());
+        assert!(c.clone().base_path("").validate().is_err());
+        assert!(c.clone().base_path("/a\u{1}").validate().is_err());
+        assert!(c.clone().base_path("/🔒").validate().is_err());
+        let c = c.base_path("/ok/é");
+        assert!(c.validate().is_ok());
+        assert_eq!(c.get_base_path(), "/ok/é");
     }
 }

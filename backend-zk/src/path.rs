@@ -42,23 +42,7 @@ pub(crate) fn encode_name(name: &str) -> String {
 
 /// The lock name a segment made by [`encode_name`] stands for; `None` for any other node.
 pub(crate) fn decode_name(segment: &str) -> Option<String> {
-    percent_decode(segment.strip_prefix(NAME_MARK)?)
-}
-
-/// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
-    let mut bytes = Vec::with_capacity(s.len());
-    let mut it = s.bytes();
-    while let Some(b) = it.next() {
-        if b == b'%' {
-            let hi = (it.next()? as char).to_digit(16)?;
-            let lo = (it.next()? as char).to_digit(16)?;
-            bytes.push((hi * 16 + lo) as u8);
-        } else {
-            bytes.push(b);
-        }
-    }
-    String::from_utf8(bytes).ok()
+    distlock_api::config::percent_decode(segment.strip_prefix(NAME_MARK)?)
 }
 
 /// `parent/child`, without doubling the root's slash.

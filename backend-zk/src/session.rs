@@ -11,8 +11,8 @@ use distlock_api::{Error, ErrorKind, Result};
 use tokio::sync::{oneshot, watch};
 use zookeeper_client as zk;
 
-use crate::backend::Inner;
 use crate::config::ZkConfig;
+use crate::error::{in_doubt, no_answer, zk_error};
 
 /// The first delay between reconnect attempts after a session ended; it doubles to
 /// [`RECONNECT_BACKOFF_CAP`].
@@ -103,10 +103,10 @@ impl Session {
 /// Connects to the ensemble and makes sure the chroot and base path exist, all within the
 /// connect timeout.
 pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
-    let limit = config.connect_timeout;
+    let limit = config.client.connect_timeout;
     let connect = async {
         let client = zk::Client::connector()
-            .with_session_timeout(config.session_timeout)
+            .with_session_timeout(config.client.default_ttl)
             .connect(&config.hosts)
             .await
             .map_err(|e| zk_error(e, "cannot establish a session"))?;
@@ -142,16 +142,24 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
         epoch,
         lost: AtomicBool::new(false),
         ended: watch::channel(false).0,
-        op_timeout: timeout.max(limit),
+        op_timeout: timeout.max(config.client.operation_timeout),
         client,
     })
+}
+
+/// The client a session monitor reports to.
+pub(crate) trait Sessions: Send + Sync + 'static {
+    /// The session of `epoch` is over, for `reason`: every hold in it is gone.
+    fn session_ended(&self, epoch: u64, reason: &str);
+    /// `session` replaces the one that ended.
+    fn install(&self, session: Session);
 }
 
 /// Watches the client's current session; when it ends, fires `lost()` on its guards, then
 /// opens a new session (with backoff) and installs it. Ends when the client handle is dropped
 /// (`stop` closes).
-pub(crate) async fn monitor(
-    inner: Weak<Inner>,
+pub(crate) async fn monitor<S: Sessions>(
+    inner: Weak<S>,
     config: ZkConfig,
     mut stop: oneshot::Receiver<()>,
     mut states: zk::StateWatcher,
@@ -239,90 +247,14 @@ fn terminal_reason(state: zk::SessionState) -> String {
     }
 }
 
-/// Whether the server itself answered with this error, so the request was not applied. Any
-/// other error (a connection lost or timed out, however the client words it) leaves it
-/// unknown whether the server applied the request.
-pub(crate) fn answered(e: &zk::Error) -> bool {
-    matches!(
-        e,
-        zk::Error::NoNode
-            | zk::Error::NoAuth
-            | zk::Error::BadVersion
-            | zk::Error::NoChildrenForEphemerals
-            | zk::Error::NodeExists
-            | zk::Error::NotEmpty
-            | zk::Error::InvalidAcl
-            | zk::Error::QuotaExceeded
-            | zk::Error::Throttled
-            | zk::Error::MarshallingError
-            | zk::Error::Unimplemented
-            | zk::Error::BadArguments(_)
-            | zk::Error::NoWatcher
-            | zk::Error::NotReadOnly
-            | zk::Error::ReconfigDisabled
-            | zk::Error::UnexpectedErrorCode(_)
-            | zk::Error::AuthFailed
-            | zk::Error::SessionExpired
-            | zk::Error::SessionMoved
-            | zk::Error::ClientClosed
-    )
-}
-
-/// Whether a request's outcome is unknown: no answer in time, or the connection went.
-pub(crate) fn in_doubt(e: &Option<zk::Error>) -> bool {
-    e.as_ref().is_none_or(|e| !answered(e))
-}
-
-/// Maps a client error: connection trouble, throttling and a session that is gone are
-/// `Unavailable` (retrying, on this or the next session, may work); the server's other
-/// answers are `Backend`.
-pub(crate) fn zk_error(e: zk::Error, what: &str) -> Error {
-    let kind = match e {
-        zk::Error::Throttled
-        | zk::Error::SessionExpired
-        | zk::Error::SessionMoved
-        | zk::Error::ClientClosed => ErrorKind::Unavailable,
-        ref e if !answered(e) => ErrorKind::Unavailable,
-        _ => ErrorKind::Backend,
-    };
-    Error::new(kind, what.to_string())
-        .with_source(e)
-        .with_backend("zk")
-}
-
-/// The error of a request that got no answer within the per-request bound.
-pub(crate) fn no_answer(what: &str, limit: Duration) -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        format!("{what}: no answer from ZooKeeper within {limit:?}"),
-    )
-    .with_backend("zk")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lost_answers_are_unavailable_and_in_doubt_server_answers_are_not() {
-        for e in [
-            zk::Error::ConnectionLoss,
-            zk::Error::Timeout,
-            zk::Error::NoHosts,
-        ] {
-            assert!(in_doubt(&Some(e.clone())), "{e}");
-            assert_eq!(zk_error(e, "x").kind(), ErrorKind::Unavailable);
+/// Maps a failed request: a lost answer is `Unavailable`, and so is any error once the
+/// session is over (whatever the client reports then).
+pub(crate) fn request_error(e: Option<zk::Error>, what: &str, s: &Session) -> Error {
+    match e {
+        None => no_answer(what, s.op_timeout),
+        Some(e) if s.is_lost() => {
+            zk_error(e, &format!("{what}: the session ended")).temporary(true)
         }
-        assert!(in_doubt(&None));
-        for e in [zk::Error::SessionExpired, zk::Error::Throttled] {
-            assert!(!in_doubt(&Some(e.clone())), "{e}");
-            assert_eq!(zk_error(e, "x").kind(), ErrorKind::Unavailable);
-        }
-        for e in [zk::Error::NoNode, zk::Error::NoAuth, zk::Error::NodeExists] {
-            assert!(!in_doubt(&Some(e.clone())), "{e}");
-            let err = zk_error(e, "x");
-            assert_eq!(err.kind(), ErrorKind::Backend);
-            assert!(!err.is_temporary());
-        }
+        Some(e) => zk_error(e, what),
     }
 }

@@ -15,7 +15,7 @@ use distlock_zk::{DistributedLock, ErrorKind, LockExt, ZkConfig, ZkLock};
 const FREED_WITHIN: Duration = Duration::from_secs(10);
 
 fn url() -> String {
-    std::env::var("DISTLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into())
+    distlock_zk::DESCRIPTOR.test_url()
 }
 
 fn skip(test: &str) -> bool {
@@ -136,12 +136,12 @@ async fn delete_of_a_release_given_up_during_a_partition_still_takes() {
     // Long enough that the cut below cannot end the session.
     let session_timeout = Duration::from_secs(8);
     let direct = ZkConfig::from_url(&url())
-        .and_then(|c| c.session_timeout(session_timeout))
+        .map(|c| c.default_ttl(session_timeout))
         .unwrap();
     let upstream = direct.hosts().split(',').next().unwrap().to_string();
     let proxy = Proxy::start(upstream).await;
     let proxied = ZkConfig::from_url(&format!("zk://{}", proxy.addr()))
-        .and_then(|c| c.session_timeout(session_timeout))
+        .map(|c| c.default_ttl(session_timeout))
         .unwrap();
     let (holder, other) = (connect(proxied).await, connect(direct).await);
     let name = unique("cut");

@@ -12,19 +12,19 @@ const SESSION: Duration = Duration::from_secs(1);
 const BOUND: Duration = Duration::from_secs(10);
 
 fn url() -> String {
-    std::env::var("DISTLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into())
+    distlock_zk::DESCRIPTOR.test_url()
 }
 
 /// A proxy in front of the first server, with a config (of `SESSION`) straight to the server
 /// and one through the proxy.
 async fn behind_proxy() -> (ZkConfig, Proxy, ZkConfig) {
     let direct = ZkConfig::from_url(&url())
-        .and_then(|c| c.session_timeout(SESSION))
+        .map(|c| c.default_ttl(SESSION))
         .unwrap();
     let upstream = direct.hosts().split(',').next().unwrap().to_string();
     let proxy = Proxy::start(upstream).await;
     let proxied = ZkConfig::from_url(&format!("zk://{}", proxy.addr()))
-        .and_then(|c| c.session_timeout(SESSION))
+        .map(|c| c.default_ttl(SESSION))
         .unwrap();
     (direct, proxy, proxied)
 }

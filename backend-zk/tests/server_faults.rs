@@ -30,7 +30,7 @@ fn skip(test: &str) -> bool {
 
 async fn connect(url: &str, session: Duration) -> Arc<ZkLock> {
     let config = ZkConfig::from_url(url)
-        .and_then(|c| c.session_timeout(session))
+        .map(|c| c.default_ttl(session))
         .expect("config of the private server");
     Arc::new(
         ZkLock::connect(config)
@@ -183,7 +183,7 @@ async fn holder_keeps_the_lock_across_a_kill_and_restart_within_the_session_time
 
     // A renewal sent after the kill succeeds (the one due in the outage waits for the restarted
     // server): safe-until moves past what only such a renewal can give, before it ran out.
-    let renewed_lease = killed_at + RESTART_SESSION - distlock_api::drift(RESTART_SESSION);
+    let renewed_lease = killed_at + RESTART_SESSION - distlock_api::backend::drift(RESTART_SESSION);
     let renewed_by = Instant::now() + BOUND;
     while g.safe_until().expect("a leased lock") <= renewed_lease {
         assert!(
@@ -463,8 +463,8 @@ async fn calls_to_a_paused_server_fail_with_unavailable_within_their_bounds() {
     let server = block_in_place(PrivateZk::start);
     let session = Duration::from_secs(2);
     let config = ZkConfig::from_url(&server.url())
-        .and_then(|c| c.session_timeout(session))
-        .and_then(|c| c.connect_timeout(session))
+        .map(|c| c.default_ttl(session))
+        .map(|c| c.connect_timeout(session))
         .expect("config of the private server");
     let client = Arc::new(ZkLock::connect(config).await.expect("connect"));
     // An open session with its requests answered before the pause.

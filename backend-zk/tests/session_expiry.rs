@@ -16,9 +16,9 @@ const BOUND: Duration = Duration::from_secs(10);
 const CLOSE_BOUND: Duration = Duration::from_secs(40);
 
 fn config() -> ZkConfig {
-    let url = std::env::var("DISTLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let url = distlock_zk::DESCRIPTOR.test_url();
     ZkConfig::from_url(&url)
-        .and_then(|c| c.session_timeout(SESSION))
+        .map(|c| c.default_ttl(SESSION))
         .expect("DISTLOCK_ZK_URL")
 }
 

@@ -6,11 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_api::wait::{Attempt, Notices, Waiting};
-use distlock_api::{
-    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LeaseKeeper,
-    LockInfo, LockName, Result, SharedLock,
-};
+use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
+use distlock_api::{Capabilities, DistributedLock, Grant, LockInfo, LockName, Result, SharedLock};
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
 /// the wrapper enrol with the inner client's one watchdog — which then renews through the

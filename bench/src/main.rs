@@ -17,6 +17,7 @@
 
 mod cli;
 mod counting;
+mod format;
 mod machine;
 mod peer;
 mod plan;

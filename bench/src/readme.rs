@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{rate, ratio, us};
+use crate::format::{rate, ratio, us};
 use crate::results::Results;
 
 /// The line before the generated block in README.md.
@@ -99,7 +99,7 @@ fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

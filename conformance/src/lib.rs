@@ -13,13 +13,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod case;
 pub mod cases;
 mod harness;
 mod local;
 mod proxy;
 mod runner;
+mod suite;
 
+pub use case::{unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};
 pub use harness::Harness;
 pub use local::{free_ports, send_signal, watch_lost};
 pub use proxy::{hosts_of, reroute, Proxy};
-pub use runner::{run, skipped_by_env, unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};
+pub use runner::{run, skipped_by_env};
+pub use suite::{with_options, Suite};

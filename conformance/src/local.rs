@@ -9,7 +9,7 @@ use std::time::Instant;
 use distlock_api::{LockGuard, LostReason};
 use tokio::task::JoinHandle;
 
-use crate::runner::unique_suffix;
+use crate::case::unique_suffix;
 
 /// Sends `signal` (`STOP`, `CONT`, `KILL`, …) to process `pid` with kill(1); panics if it
 /// cannot be delivered.

@@ -2,22 +2,88 @@
 
 use std::sync::Arc;
 
-use distlock_api::{DistributedLock, Error, ErrorKind, MemoryStore, Result};
+use distlock_api::{BackendDescriptor, DistributedLock, Error, ErrorKind, Result};
+
+/// A backend the facade knows: the Cargo feature that brings it, the URL schemes it answers
+/// (known even when the feature is off, to say which feature a URL needs) and its descriptor
+/// when this build has the feature.
+struct Known {
+    feature: &'static str,
+    schemes: &'static [&'static str],
+    descriptor: Option<&'static BackendDescriptor>,
+}
+
+/// Whether this build has `feature`'s backend: its descriptor, or `None`.
+macro_rules! descriptor {
+    ($feature:literal, $($path:ident)::+) => {{
+        #[cfg(feature = $feature)]
+        let d = Some(&$($path)::+);
+        #[cfg(not(feature = $feature))]
+        let d = None;
+        d
+    }};
+}
+
+/// The server backends, in the order the capability table lists them: the one list of them
+/// in the facade. (The in-memory backend is always there: [`distlock_api::MEMORY`].)
+fn known() -> [Known; 6] {
+    [
+        Known {
+            feature: "redis",
+            schemes: &["redis", "rediss"],
+            descriptor: descriptor!("redis", distlock_redis::DESCRIPTOR),
+        },
+        Known {
+            feature: "redis",
+            schemes: &["redlock"],
+            descriptor: descriptor!("redis", distlock_redis::REDLOCK_DESCRIPTOR),
+        },
+        Known {
+            feature: "mysql",
+            schemes: &["mysql", "mariadb"],
+            descriptor: descriptor!("mysql", distlock_mysql::DESCRIPTOR),
+        },
+        Known {
+            feature: "mongo",
+            schemes: &["mongodb"],
+            descriptor: descriptor!("mongo", distlock_mongo::DESCRIPTOR),
+        },
+        Known {
+            feature: "zk",
+            schemes: &["zk"],
+            descriptor: descriptor!("zk", distlock_zk::DESCRIPTOR),
+        },
+        Known {
+            feature: "etcd",
+            schemes: &["etcd"],
+            descriptor: descriptor!("etcd", distlock_etcd::DESCRIPTOR),
+        },
+    ]
+}
+
+/// The descriptors of every backend this build includes, the in-memory one first.
+pub fn backends() -> Vec<&'static BackendDescriptor> {
+    std::iter::once(&distlock_api::MEMORY)
+        .chain(known().into_iter().filter_map(|k| k.descriptor))
+        .collect()
+}
 
 /// The URL schemes [`connect`] knows, with the Cargo feature each needs (`None`: always on)
 /// and whether this build has it.
 pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
-    vec![
-        ("memory", None, true),
-        ("redis", Some("redis"), cfg!(feature = "redis")),
-        ("rediss", Some("redis"), cfg!(feature = "redis")),
-        ("redlock", Some("redis"), cfg!(feature = "redis")),
-        ("mysql", Some("mysql"), cfg!(feature = "mysql")),
-        ("mariadb", Some("mysql"), cfg!(feature = "mysql")),
-        ("mongodb", Some("mongo"), cfg!(feature = "mongo")),
-        ("zk", Some("zk"), cfg!(feature = "zk")),
-        ("etcd", Some("etcd"), cfg!(feature = "etcd")),
-    ]
+    let mut all: Vec<_> = distlock_api::MEMORY
+        .schemes
+        .iter()
+        .map(|&s| (s, None, true))
+        .collect();
+    for k in known() {
+        all.extend(
+            k.schemes
+                .iter()
+                .map(|&s| (s, Some(k.feature), k.descriptor.is_some())),
+        );
+    }
+    all
 }
 
 /// Connects to the backend the URL's scheme names and returns it as a shared trait object:
@@ -27,7 +93,7 @@ pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
 /// | `memory://`, `memory://NAME` | in-process [`MemoryLock`](distlock_api::MemoryLock), one store per name for the whole process | — |
 /// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
-/// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL / MariaDB | `mysql` |
+/// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL/MariaDB | `mysql` |
 /// | `mongodb://host:27017/db` | MongoDB | `mongo` |
 /// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zk` |
 /// | `etcd://h1:2379,h2:2379` | etcd | `etcd` |
@@ -45,99 +111,23 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
             )))
         }
     };
-    let Some(&(_, feature, enabled)) = schemes().iter().find(|s| s.0 == scheme) else {
-        return Err(Error::invalid(format!(
-            "unknown lock URL scheme {scheme:?} in {url:?}"
-        )));
-    };
-    if !enabled {
-        return Err(Error::new(
+    if let Some(d) = backends().into_iter().find(|d| d.handles(&scheme)) {
+        return d.connect(url).await;
+    }
+    match known()
+        .iter()
+        .find(|k| k.schemes.contains(&scheme.as_str()))
+    {
+        Some(k) => Err(Error::new(
             ErrorKind::Unsupported,
             format!(
                 "{scheme}:// needs distlock's `{}` Cargo feature, which this build lacks",
-                feature.unwrap_or("?")
+                k.feature
             ),
-        ));
-    }
-    match scheme.as_str() {
-        "memory" => {
-            // `memory://` is one store for the whole process and `memory://NAME` a named one,
-            // so code written against a URL behaves the same pointed at memory in tests.
-            let rest = &url["memory://".len()..];
-            let store = rest.strip_suffix('/').unwrap_or(rest);
-            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-            if store.len() > 64 || !store.chars().all(ok) {
-                return Err(Error::invalid(format!(
-                    "the memory backend takes only a store name of [A-Za-z0-9-_.] (up to 64): \
-                     use \"memory://\" or \"memory://NAME\", not {url:?}"
-                )));
-            }
-            Ok(Arc::new(MemoryStore::named(store).client()))
-        }
-        _ => backends::connect(&scheme, url).await,
-    }
-}
-
-/// The capabilities of every server backend compiled in, by display name.
-pub(crate) fn backend_capabilities() -> Vec<(&'static str, distlock_api::Capabilities)> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(feature = "redis")]
-    v.extend([
-        ("Redis", distlock_redis::CAPABILITIES),
-        ("RedLock (3+ masters)", distlock_redis::REDLOCK_CAPABILITIES),
-    ]);
-    #[cfg(feature = "mysql")]
-    v.push(("MySQL / MariaDB", distlock_mysql::CAPABILITIES));
-    #[cfg(feature = "mongo")]
-    v.push(("MongoDB", distlock_mongo::CAPABILITIES));
-    #[cfg(feature = "zk")]
-    v.push(("ZooKeeper", distlock_zk::CAPABILITIES));
-    #[cfg(feature = "etcd")]
-    v.push(("etcd", distlock_etcd::CAPABILITIES));
-    v
-}
-
-mod backends {
-    use super::*;
-
-    pub(super) async fn connect(scheme: &str, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        match scheme {
-            #[cfg(feature = "redis")]
-            "redis" | "rediss" => {
-                let config = distlock_redis::RedisConfig::from_url(url)?;
-                Ok(Arc::new(distlock_redis::RedisLock::connect(config).await?))
-            }
-            #[cfg(feature = "redis")]
-            "redlock" => {
-                let config = distlock_redis::RedLockConfig::from_url(url)?;
-                Ok(Arc::new(distlock_redis::RedLock::connect(config).await?))
-            }
-            #[cfg(feature = "mysql")]
-            "mysql" | "mariadb" => {
-                let config = distlock_mysql::MysqlConfig::from_url(url)?;
-                Ok(Arc::new(distlock_mysql::MysqlLock::connect(config).await?))
-            }
-            #[cfg(feature = "zk")]
-            "zk" => {
-                let config = distlock_zk::ZkConfig::from_url(url)?;
-                Ok(Arc::new(distlock_zk::ZkLock::connect(config).await?))
-            }
-            #[cfg(feature = "etcd")]
-            "etcd" => {
-                let config = distlock_etcd::EtcdConfig::from_url(url)?;
-                Ok(Arc::new(distlock_etcd::EtcdLock::connect(config).await?))
-            }
-            #[cfg(feature = "mongo")]
-            "mongodb" => {
-                let config = distlock_mongo::MongoConfig::from_url(url)?;
-                Ok(Arc::new(distlock_mongo::MongoLock::connect(config).await?))
-            }
-            _ => Err(Error::new(
-                ErrorKind::Unsupported,
-                format!("no backend for {scheme}:// ({url:?})"),
-            )),
-        }
+        )),
+        None => Err(Error::invalid(format!(
+            "unknown lock URL scheme {scheme:?} in {url:?}"
+        ))),
     }
 }
 
@@ -196,6 +186,54 @@ mod tests {
         assert!(gc.release().await.unwrap());
         assert!(g.release().await.unwrap());
         assert!(b.try_lock(&name).await.unwrap().is_some());
+    }
+
+    /// The facade's scheme list for a backend it has must be the backend's own.
+    #[test]
+    fn known_schemes_are_the_descriptors() {
+        for k in known() {
+            if let Some(d) = k.descriptor {
+                assert_eq!(k.schemes, d.schemes, "{}", d.id);
+                assert!(
+                    d.id == k.feature || (d.id == "redlock" && k.feature == "redis"),
+                    "{} is behind feature {}",
+                    d.id,
+                    k.feature
+                );
+            }
+        }
+    }
+
+    /// `scripts/services` names the backends each server serves (for `DISTLOCK_SKIP`); they
+    /// must be exactly the server backends' ids.
+    #[test]
+    #[cfg(all(
+        feature = "redis",
+        feature = "mysql",
+        feature = "mongo",
+        feature = "zk",
+        feature = "etcd"
+    ))]
+    fn the_scripts_name_the_backends_the_descriptors_do() {
+        let script = include_str!("../../scripts/services");
+        let line = script
+            .lines()
+            .find(|l| l.starts_with("declare -A BACKENDS="))
+            .expect("scripts/services declares BACKENDS");
+        let mut in_script: Vec<&str> = line
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .flat_map(str::split_whitespace)
+            .collect();
+        let mut described: Vec<&str> = backends()
+            .into_iter()
+            .map(|d| d.id)
+            .filter(|&id| id != "memory")
+            .collect();
+        in_script.sort_unstable();
+        described.sort_unstable();
+        assert_eq!(in_script, described);
     }
 
     #[tokio::test]

@@ -5,9 +5,10 @@ use distlock_api::{Blocking, Capabilities, Fencing, LeaseKind};
 /// The capability table of every backend this build includes, as Markdown. The README carries
 /// the table of a build with every feature, and a test keeps the two equal.
 pub fn capability_table() -> String {
-    let mut rows: Vec<(&str, Capabilities)> =
-        vec![("in-memory", distlock_api::memory::CAPABILITIES)];
-    rows.extend(crate::connect::backend_capabilities());
+    let rows: Vec<(&str, Capabilities)> = crate::connect::backends()
+        .into_iter()
+        .map(|d| (d.label, d.capabilities))
+        .collect();
     let mut out = String::from(
         "| backend | reentrant | waiting | lease | fair (FIFO) | fencing token | watchdog renewal |\n\
          |---|---|---|---|---|---|---|\n",

@@ -5,45 +5,24 @@ use std::time::{Duration, Instant};
 
 use distlock::{ErrorKind, LockExt};
 
-/// (DISTLOCK_SKIP name, env var, default URL) of every server backend this build has.
-fn servers() -> Vec<(&'static str, &'static str, &'static str)> {
-    let mut v = Vec::new();
-    if cfg!(feature = "redis") {
-        v.push(("redis", "DISTLOCK_REDIS_URL", "redis://127.0.0.1:6379"));
-        v.push((
-            "redlock",
-            "DISTLOCK_REDLOCK_URLS",
-            "redlock://127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382",
-        ));
-    }
-    if cfg!(feature = "mysql") {
-        v.push((
-            "mysql",
-            "DISTLOCK_MYSQL_URL",
-            "mysql://distlock:distlock@127.0.0.1:3306/distlock",
-        ));
-    }
-    if cfg!(feature = "mongo") {
-        v.push(("mongo", "DISTLOCK_MONGO_URL", "mongodb://127.0.0.1:27017"));
-    }
-    if cfg!(feature = "zk") {
-        v.push(("zk", "DISTLOCK_ZK_URL", "zk://127.0.0.1:2181"));
-    }
-    if cfg!(feature = "etcd") {
-        v.push(("etcd", "DISTLOCK_ETCD_URL", "etcd://127.0.0.1:2379"));
-    }
-    v
+/// (DISTLOCK_SKIP name, test URL) of every server backend this build has, from their
+/// descriptors.
+fn servers() -> Vec<(&'static str, String)> {
+    distlock::backends()
+        .into_iter()
+        .filter(|d| d.id != "memory")
+        .map(|d| (d.id, d.test_url()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_compiled_in_backend_connects_by_url_and_locks() {
     let name = format!("facade-connect-{}", std::process::id());
-    for (backend, var, default) in servers() {
+    for (backend, url) in servers() {
         if distlock_conformance::skipped_by_env(backend) {
             eprintln!("SKIPPING {backend}: DISTLOCK_SKIP names it");
             continue;
         }
-        let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
         let (a, b) = match (distlock::connect(&url).await, distlock::connect(&url).await) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => panic!(

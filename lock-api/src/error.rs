@@ -213,3 +213,33 @@ mod tests {
         assert_eq!(std::mem::size_of::<Result<()>>(), word);
     }
 }
+
+/// Why a guard stopped holding its lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Safe-until passed without a successful renewal (a fixed lease ran out, or renewals kept
+    /// failing).
+    Expired,
+    /// A renewal found the lock gone or held by someone else.
+    Taken(String),
+    /// The backend's session or lease ended (ZooKeeper session expiry, etcd lease revoked).
+    Session(String),
+    /// The client handle was dropped.
+    ClientGone,
+    /// The guard was released or dropped: the lock was given up, not lost. Only a `lost()`
+    /// future that outlives its guard sees this.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Expired => f.write_str("lease expired without a successful renewal"),
+            LostReason::Taken(why) => write!(f, "lock gone or taken over: {why}"),
+            LostReason::Session(why) => write!(f, "session or lease ended: {why}"),
+            LostReason::ClientGone => f.write_str("client dropped"),
+            LostReason::Released => f.write_str("guard released"),
+        }
+    }
+}

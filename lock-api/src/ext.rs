@@ -6,17 +6,17 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, Either};
 
+use crate::backend::wait::{self, Attempt, Waiting};
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::guard::{context, LockGuard};
-use crate::keeper::{Hold, LeaseKeeper, OnTheSpot};
-use crate::lock::DistributedLock;
+use crate::keeper::Hold;
+use crate::lock::{DistributedLock, LeaseKeeper, OnTheSpot};
 use crate::name::{check_name, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 use crate::settle::{self, InFlight};
-use crate::wait::{self, Attempt, Waiting};
 use futures::TryFutureExt;
 use tracing::Instrument;
 
@@ -453,9 +453,50 @@ async fn spend_budget() {
     tokio::task::coop::consume_budget().await;
 }
 
+/// Re-entry is an acquire, so it lives with the other acquires.
+impl LockGuard {
+    /// Takes one more hold of this guard's lock, as the same owner: the new guard has the same
+    /// token and a hold count one higher, and the lock is free only when every guard of the
+    /// hold has been released or dropped, in any order. This is how a holder re-enters: an
+    /// acquire through the client (`try_lock`, `lock`) is a new owner, which this hold excludes
+    /// like any other. The new hold's lease is the client's default watchdog lease; see
+    /// [`reenter_with`](Self::reenter_with).
+    ///
+    /// `Unsupported` on a backend without reentrancy; `Lost` if this guard no longer holds.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use distlock_api::{LockExt, MemoryLock};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = Arc::new(MemoryLock::new());
+    /// let outer = locks.try_lock("ledger").await?.expect("free");
+    /// // The same client asking again is another owner: excluded.
+    /// assert!(locks.try_lock("ledger").await?.is_none());
+    /// // The holder re-enters through its guard.
+    /// let inner = outer.reenter().await?;
+    /// assert_eq!((inner.token(), inner.hold_count()), (outer.token(), 2));
+    /// assert!(outer.release().await?); // one hold left: still held
+    /// assert!(locks.try_lock("ledger").await?.is_none());
+    /// assert!(inner.release().await?); // the last hold: free
+    /// assert!(locks.try_lock("ledger").await?.is_some());
+    /// # Ok::<_, distlock_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn reenter(&self) -> Result<LockGuard> {
+        reenter(&self.backend, self, &LockOptions::new()).await
+    }
+
+    /// Like [`reenter`](Self::reenter), with `options`' lease for the new hold (its wait bound
+    /// is ignored; an owner in it is `InvalidArgument`: the hold's owner is this guard's).
+    pub async fn reenter_with(&self, options: &LockOptions) -> Result<LockGuard> {
+        reenter(&self.backend, self, options).await
+    }
+}
+
 /// [`LockGuard::reenter_with`]: one more hold for `held`'s owner, which only an acquire that
 /// names that owner exactly can take (every other acquisition has an owner of its own).
-pub(crate) async fn reenter(
+async fn reenter(
     this: &Arc<dyn DistributedLock>,
     held: &LockGuard,
     options: &LockOptions,
@@ -545,7 +586,7 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
 struct Plan<'a> {
     /// Who keeps the guard: it grants on the spot if it is the lock's server too.
     keeper: &'a dyn LeaseKeeper,
-    /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::ClientCore::owner_for)).
+    /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::backend::ClientCore::owner_for)).
     owner: OwnerId,
     ttl: Duration,
     renew: Option<Duration>,

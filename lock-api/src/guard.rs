@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use futures::future::Either;
 
+use crate::error::LostReason;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant};
-use crate::keeper::{Flag, Hold, LeaseKeeper, LostReason};
-use crate::lock::DistributedLock;
+use crate::keeper::{Flag, Hold};
+use crate::lock::{DistributedLock, LeaseKeeper};
 use crate::name::{LockName, OwnerId};
-use crate::options::LockOptions;
 
 /// A held lock. Dropping it releases the lock: at once on an in-process backend, in the
 /// background when a Tokio runtime is present, and otherwise it leaves the lease to expire; it
@@ -25,7 +25,7 @@ use crate::options::LockOptions;
 /// [`token`](LockGuard::token) along so the resource can reject a stale holder.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    backend: Arc<dyn DistributedLock>,
+    pub(crate) backend: Arc<dyn DistributedLock>,
     hold: Hold,
     /// Released: nothing left for `drop` to do.
     done: Flag,
@@ -111,7 +111,7 @@ impl LockGuard {
     /// is released first, it resolves to [`LostReason::Released`].
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.hold.shared(self.backend.core().backend());
-        crate::keeper::watch(self.backend.clone(), self.hold.clone())
+        watch(self.backend.clone(), self.hold.clone())
     }
 
     /// Extends the lease so that it lasts **at least** `ttl` from now, for a fixed lease
@@ -127,44 +127,6 @@ impl LockGuard {
         let renewed = renewed.map_err(|e| context(e, &*self.backend, self.name()));
         self.keeper().extended(&self.hold, sent, &renewed);
         renewed.map(|_| ())
-    }
-
-    /// Takes one more hold of this guard's lock, as the same owner: the new guard has the same
-    /// token and a hold count one higher, and the lock is free only when every guard of the
-    /// hold has been released or dropped, in any order. This is how a holder re-enters: an
-    /// acquire through the client (`try_lock`, `lock`) is a new owner, which this hold excludes
-    /// like any other. The new hold's lease is the client's default watchdog lease; see
-    /// [`reenter_with`](Self::reenter_with).
-    ///
-    /// `Unsupported` on a backend without reentrancy; `Lost` if this guard no longer holds.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use distlock_api::{LockExt, MemoryLock};
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = Arc::new(MemoryLock::new());
-    /// let outer = locks.try_lock("ledger").await?.expect("free");
-    /// // The same client asking again is another owner: excluded.
-    /// assert!(locks.try_lock("ledger").await?.is_none());
-    /// // The holder re-enters through its guard.
-    /// let inner = outer.reenter().await?;
-    /// assert_eq!((inner.token(), inner.hold_count()), (outer.token(), 2));
-    /// assert!(outer.release().await?); // one hold left: still held
-    /// assert!(locks.try_lock("ledger").await?.is_none());
-    /// assert!(inner.release().await?); // the last hold: free
-    /// assert!(locks.try_lock("ledger").await?.is_some());
-    /// # Ok::<_, distlock_api::Error>(())
-    /// # }).unwrap();
-    /// ```
-    pub async fn reenter(&self) -> Result<LockGuard> {
-        crate::ext::reenter(&self.backend, self, &LockOptions::new()).await
-    }
-
-    /// Like [`reenter`](Self::reenter), with `options`' lease for the new hold (its wait bound
-    /// is ignored; an owner in it is `InvalidArgument`: the hold's owner is this guard's).
-    pub async fn reenter_with(&self, options: &LockOptions) -> Result<LockGuard> {
-        crate::ext::reenter(&self.backend, self, options).await
     }
 
     /// Releases one hold of the lock. `Ok(true)` if it was still held (by this grant) until
@@ -260,4 +222,37 @@ impl fmt::Debug for LockGuard {
 /// Adds the backend and lock to an error from a backend primitive.
 pub(crate) fn context(e: Error, backend: &dyn DistributedLock, name: &LockName) -> Error {
     e.with_backend(backend.core().backend()).with_lock(name)
+}
+
+/// `lost()` of any guard: asks the keeper, and sleeps until it says to look again or tells of a
+/// change.
+pub(crate) async fn watch(backend: Arc<dyn DistributedLock>, hold: Hold) -> LostReason {
+    let Some(shared) = hold.shared.get().cloned() else {
+        return LostReason::ClientGone;
+    };
+    loop {
+        // Registered before the look, so a change between the two is not missed.
+        let changed = shared.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if shared.is_released() {
+            return LostReason::Released;
+        }
+        let until = match backend.keeper().watch(&hold) {
+            Err(why) => return why,
+            Ok(until) => until,
+        };
+        tokio::select! {
+            _ = changed => {}
+            _ = sleep_until(until) => {}
+        }
+    }
+}
+
+/// Sleeps until `until`, or forever.
+async fn sleep_until(until: Option<Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }

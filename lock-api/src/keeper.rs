@@ -1,4 +1,5 @@
-//! Who looks after a guard once its acquire has returned: the lease keeper.
+//! What a guard holds once its acquire has returned, for its lease keeper
+//! ([`LeaseKeeper`](crate::LeaseKeeper)).
 //!
 //! A [`LockGuard`](crate::LockGuard) holds one kind of thing, a [`Hold`]: its grant and what
 //! its keeper needs to find it again. The keeper keeps the lease (renewing a watchdog-managed
@@ -6,129 +7,20 @@
 //! goes, and lets go of it when the guard is released. A networked backend's keeper is its
 //! client's watchdog; the in-memory backend's is its store, which is the lock's server too, so
 //! it also grants and releases on the spot. The guard asks its backend for the keeper
-//! ([`DistributedLock::keeper`]) and never needs to know which one it has.
+//! ([`DistributedLock::keeper`](crate::DistributedLock::keeper)) and never needs to know
+//! which one it has. `Holds` counts, per client handle, the holds its guards and acquires in
+//! flight account for.
 
-use std::fmt;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
-use crate::error::Result;
-use crate::grant::{AcquireRequest, Grant};
-use crate::lock::DistributedLock;
-use crate::name::OwnerId;
-
-/// Why a guard stopped holding its lock.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// Safe-until passed without a successful renewal (a fixed lease ran out, or renewals kept
-    /// failing).
-    Expired,
-    /// A renewal found the lock gone or held by someone else.
-    Taken(String),
-    /// The backend's session or lease ended (ZooKeeper session expiry, etcd lease revoked).
-    Session(String),
-    /// The client handle was dropped.
-    ClientGone,
-    /// The guard was released or dropped: the lock was given up, not lost. Only a `lost()`
-    /// future that outlives its guard sees this.
-    Released,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LostReason::Expired => f.write_str("lease expired without a successful renewal"),
-            LostReason::Taken(why) => write!(f, "lock gone or taken over: {why}"),
-            LostReason::Session(why) => write!(f, "session or lease ended: {why}"),
-            LostReason::ClientGone => f.write_str("client dropped"),
-            LostReason::Released => f.write_str("guard released"),
-        }
-    }
-}
-
-/// Keeps the leases of a backend's guards. Implemented by the client's watchdog (the default
-/// [`DistributedLock::keeper`]) and by the in-memory store; a backend that wraps another
-/// forwards its `keeper` when it forwards the inner backend's guards as they are. Sealed: the
-/// methods are the guard's, not a user's.
-pub trait LeaseKeeper: Send + Sync + sealed::Sealed {
-    /// Takes charge of `grant`, just acquired through `backend`: renews it with `renew` while
-    /// the guard lives (`None`: a fixed lease), and watches its safe-until if `leased`.
-    fn keep(
-        &self,
-        backend: &Arc<dyn DistributedLock>,
-        grant: Grant,
-        renew: Option<Duration>,
-        leased: bool,
-    ) -> Hold;
-
-    /// Grants `name` to `owner` on the spot, if this keeper is the lock's server: `kept` as
-    /// [`keep`](Self::keep)'s `renew.is_some()`. A keeper whose server is elsewhere hands the
-    /// owner back ([`OnTheSpot::NotHere`]), and the acquire goes to the backend.
-    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
-        let _ = (name, ttl, kept);
-        OnTheSpot::NotHere(owner)
-    }
-
-    /// Waits up to `wait` for `req`'s lock in the server's own queue, if this keeper is the
-    /// lock's server (`kept` as for [`grant_now`](Self::grant_now)); `None` from keepers whose
-    /// server is elsewhere, whose acquires wait the way the backend says.
-    fn queue_now<'a>(
-        &'a self,
-        req: AcquireRequest,
-        wait: Duration,
-        kept: bool,
-    ) -> Option<BoxFuture<'a, Result<Hold>>> {
-        let _ = (req, wait, kept);
-        None
-    }
-
-    /// Until when the guard may claim the lock; `None` if it never expires.
-    fn safe_until(&self, hold: &Hold) -> Option<Instant>;
-
-    /// Why the lock was lost, if it was (or safe-until has passed).
-    fn lost_reason(&self, hold: &Hold) -> Option<LostReason>;
-
-    /// For a `lost()` future: the reason if the lock is lost, else the instant to look again at
-    /// the latest (`None`: only when told), with the keeper set to tell the hold's shared
-    /// state of anything sooner.
-    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason>;
-
-    /// Takes in the outcome of the guard's own renew request, sent at `sent`.
-    fn extended(&self, hold: &Hold, sent: Instant, outcome: &Result<Duration>);
-
-    /// Releases one hold on the spot, if this keeper is the lock's server: `Some(still held)`,
-    /// with the guard let go of. `None` from keepers whose server is elsewhere. `dropped`: the
-    /// guard was dropped rather than released.
-    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
-        let _ = (hold, dropped);
-        None
-    }
-
-    /// Stops looking after the guard, whose release goes to the server now, and tells its
-    /// `lost()` futures that it was given up.
-    fn let_go(&self, hold: &Hold);
-}
-
-/// What [`LeaseKeeper::grant_now`] did.
-pub enum OnTheSpot {
-    /// Granted: the guard's hold.
-    Granted(Hold),
-    /// Someone else holds it: the owner, back.
-    Held(OwnerId),
-    /// This keeper is not the lock's server: the owner, back.
-    NotHere(OwnerId),
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::watchdog::Watchdog {}
-    impl Sealed for crate::memory::MemoryStore {}
-}
+use crate::error::LostReason;
+use crate::grant::Grant;
+use crate::name::{LockName, OwnerId};
 
 /// What a guard holds: its grant, and what its keeper needs to find it again.
 #[derive(Clone)]
@@ -286,35 +178,48 @@ impl HoldState {
     }
 }
 
-/// `lost()` of any guard: asks the keeper, and sleeps until it says to look again or tells of a
-/// change.
-pub(crate) async fn watch(backend: Arc<dyn DistributedLock>, hold: Hold) -> LostReason {
-    let Some(shared) = hold.shared.get().cloned() else {
-        return LostReason::ClientGone;
-    };
-    loop {
-        // Registered before the look, so a change between the two is not missed.
-        let changed = shared.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if shared.is_released() {
-            return LostReason::Released;
-        }
-        let until = match backend.keeper().watch(&hold) {
-            Err(why) => return why,
-            Ok(until) => until,
-        };
-        tokio::select! {
-            _ = changed => {}
-            _ = sleep_until(until) => {}
-        }
-    }
+/// The holds of each name and owner that one client handle accounts for: its live guards and
+/// its acquires in flight (see [`settle`](crate::settle)).
+#[derive(Default)]
+pub(crate) struct Holds {
+    counts: Mutex<HashMap<(LockName, OwnerId), u32>>,
 }
 
-/// Sleeps until `until`, or forever.
-async fn sleep_until(until: Option<Instant>) {
-    match until {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
+impl Holds {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerId), u32>> {
+        // Every update is one insert or remove, so a poisoned map is still consistent.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts one more hold of `name` by `owner`.
+    pub(crate) fn add(&self, name: &LockName, owner: &OwnerId) {
+        *self
+            .counts()
+            .entry((name.clone(), owner.clone()))
+            .or_default() += 1;
+    }
+
+    /// Counts one hold fewer.
+    pub(crate) fn remove(&self, name: &LockName, owner: &OwnerId) {
+        let mut counts = self.counts();
+        let key = (name.clone(), owner.clone());
+        if let Some(n) = counts.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&key);
+            }
+        }
+    }
+
+    /// How many holds of `name` by `owner` this handle accounts for.
+    pub(crate) fn of(&self, name: &LockName, owner: &OwnerId) -> u32 {
+        let counts = self.counts();
+        if counts.is_empty() {
+            return 0;
+        }
+        counts
+            .get(&(name.clone(), owner.clone()))
+            .copied()
+            .unwrap_or(0)
     }
 }

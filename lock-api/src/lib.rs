@@ -24,34 +24,31 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod backend;
 mod capability;
+pub mod config;
+mod descriptor;
 mod error;
 mod ext;
 mod grant;
 mod guard;
-pub mod keeper;
+mod keeper;
 mod lock;
 pub mod memory;
 mod name;
 mod observe;
 mod options;
 mod settle;
-pub mod wait;
 mod watchdog;
 
 pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
-pub use error::{Error, ErrorKind, Result};
+pub use config::ClientOptions;
+pub use descriptor::{BackendDescriptor, ConnectFn, MEMORY};
+pub use error::{Error, ErrorKind, LostReason, Result};
 pub use ext::LockExt;
-pub use grant::{
-    check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo,
-    MAX_TTL, MAX_WAIT,
-};
+pub use grant::{FencingToken, Grant, LockInfo, MAX_TTL, MAX_WAIT};
 pub use guard::LockGuard;
-pub use keeper::{LeaseKeeper, LostReason};
-pub use lock::{ClientCore, DistributedLock, SharedLock, DEFAULT_TTL};
+pub use lock::{DistributedLock, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};
 pub use name::{LockName, OwnerId, MAX_NAME_LEN, MAX_OWNER_LEN, MAX_OWNER_TEXT_LEN};
 pub use options::{Lease, LockOptions};
-
-/// Re-exported so backends implement the trait with the same macro version.
-pub use async_trait::async_trait;

@@ -5,15 +5,15 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 
+use crate::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::capability::Capabilities;
-use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{AcquireRequest, Grant, LockInfo};
-use crate::keeper::{LeaseKeeper, LostReason};
+use crate::error::{Error, ErrorKind, LostReason, Result};
+use crate::grant::{safe_until, AcquireRequest, Grant, LockInfo};
+use crate::keeper::{Hold, HoldState, Holds};
 use crate::name::{LockName, OwnerId};
-use crate::settle::Holds;
-use crate::wait::{Attempt, Backoff, Notices, Waiting};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Renewer, Watchdog};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -189,7 +189,7 @@ pub struct ClientCore {
     /// This handle's tag, which qualifies the explicit owner ids it is given.
     handle: u64,
     default_ttl: Duration,
-    watchdog: Watchdog,
+    watchdog: Watchdog<dyn DistributedLock>,
     /// The runtime this client's guards were made on: a guard dropped where no runtime runs
     /// hands its release to it.
     runtime: OnceLock<tokio::runtime::Handle>,
@@ -322,6 +322,172 @@ impl ClientCore {
     /// backend's own: its store looks after them).
     pub fn guards_watched(&self) -> usize {
         self.watchdog.len()
+    }
+}
+
+/// Keeps the leases of a backend's guards. Implemented by the client's watchdog (the default
+/// [`DistributedLock::keeper`]) and by the in-memory store; a backend that wraps another
+/// forwards its `keeper` when it forwards the inner backend's guards as they are. Sealed: the
+/// methods are the guard's, not a user's.
+pub trait LeaseKeeper: Send + Sync + sealed::Sealed {
+    /// Takes charge of `grant`, just acquired through `backend`: renews it with `renew` while
+    /// the guard lives (`None`: a fixed lease), and watches its safe-until if `leased`.
+    fn keep(
+        &self,
+        backend: &Arc<dyn DistributedLock>,
+        grant: Grant,
+        renew: Option<Duration>,
+        leased: bool,
+    ) -> Hold;
+
+    /// Grants `name` to `owner` on the spot, if this keeper is the lock's server: `kept` as
+    /// [`keep`](Self::keep)'s `renew.is_some()`. A keeper whose server is elsewhere hands the
+    /// owner back ([`OnTheSpot::NotHere`]), and the acquire goes to the backend.
+    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
+        let _ = (name, ttl, kept);
+        OnTheSpot::NotHere(owner)
+    }
+
+    /// Waits up to `wait` for `req`'s lock in the server's own queue, if this keeper is the
+    /// lock's server (`kept` as for [`grant_now`](Self::grant_now)); `None` from keepers whose
+    /// server is elsewhere, whose acquires wait the way the backend says.
+    fn queue_now<'a>(
+        &'a self,
+        req: AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Option<BoxFuture<'a, Result<Hold>>> {
+        let _ = (req, wait, kept);
+        None
+    }
+
+    /// Until when the guard may claim the lock; `None` if it never expires.
+    fn safe_until(&self, hold: &Hold) -> Option<Instant>;
+
+    /// Why the lock was lost, if it was (or safe-until has passed).
+    fn lost_reason(&self, hold: &Hold) -> Option<LostReason>;
+
+    /// For a `lost()` future: the reason if the lock is lost, else the instant to look again at
+    /// the latest (`None`: only when told), with the keeper set to tell the hold's shared
+    /// state of anything sooner.
+    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason>;
+
+    /// Takes in the outcome of the guard's own renew request, sent at `sent`.
+    fn extended(&self, hold: &Hold, sent: Instant, outcome: &Result<Duration>);
+
+    /// Releases one hold on the spot, if this keeper is the lock's server: `Some(still held)`,
+    /// with the guard let go of. `None` from keepers whose server is elsewhere. `dropped`: the
+    /// guard was dropped rather than released.
+    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
+        let _ = (hold, dropped);
+        None
+    }
+
+    /// Stops looking after the guard, whose release goes to the server now, and tells its
+    /// `lost()` futures that it was given up.
+    fn let_go(&self, hold: &Hold);
+}
+
+/// What [`LeaseKeeper::grant_now`] did.
+pub enum OnTheSpot {
+    /// Granted: the guard's hold.
+    Granted(Hold),
+    /// Someone else holds it: the owner, back.
+    Held(OwnerId),
+    /// This keeper is not the lock's server: the owner, back.
+    NotHere(OwnerId),
+}
+
+pub(crate) mod sealed {
+    /// Only lock-api's keepers: the watchdog (here) and the in-memory store (in memory.rs).
+    pub trait Sealed {}
+    impl Sealed for crate::watchdog::Watchdog<dyn super::DistributedLock> {}
+}
+
+/// The networked backends' keeper: guards are enrolled with the client's watchdog, which renews
+/// a watchdog-managed lease and fires `lost()`; their releases go to the server.
+impl LeaseKeeper for Watchdog<dyn DistributedLock> {
+    fn keep(
+        &self,
+        backend: &Arc<dyn DistributedLock>,
+        grant: Grant,
+        renew: Option<Duration>,
+        leased: bool,
+    ) -> Hold {
+        let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
+        let core = backend.core();
+        core.note_runtime();
+        let state = Arc::new(HoldState::new(core.backend(), until));
+        let entry = self.register(
+            Arc::downgrade(backend),
+            grant.clone(),
+            state.clone(),
+            renew,
+            until,
+        );
+        Hold::shared_with(grant, entry, renew.is_some(), state)
+    }
+
+    fn safe_until(&self, hold: &Hold) -> Option<Instant> {
+        hold.shared.get().and_then(|s| s.safe_until())
+    }
+
+    fn lost_reason(&self, hold: &Hold) -> Option<LostReason> {
+        match hold.shared.get() {
+            Some(s) => s.reason(),
+            None => Some(LostReason::ClientGone),
+        }
+    }
+
+    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason> {
+        match hold.shared.get() {
+            Some(s) => s.reason().map_or(Ok(s.safe_until()), Err),
+            None => Err(LostReason::ClientGone),
+        }
+    }
+
+    fn extended(&self, hold: &Hold, sent: Instant, outcome: &Result<Duration>) {
+        let Some(state) = hold.shared.get() else {
+            return;
+        };
+        match outcome {
+            Ok(granted) => state.extend(safe_until(sent, *granted)),
+            Err(e) if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
+                state.fire(LostReason::Taken(e.to_string()), &hold.grant);
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn let_go(&self, hold: &Hold) {
+        self.deregister(hold.ticket);
+        // With the watchdog's copy gone, a state nobody else shares has nobody to tell.
+        if let Some(state) = hold.shared.get().filter(|s| Arc::strong_count(s) > 1) {
+            state.mark_released();
+            state.changed.notify_waiters();
+        }
+    }
+}
+
+/// The watchdog renews through the backend's own calls.
+impl Renewer for dyn DistributedLock {
+    fn label(&self) -> &'static str {
+        self.core().backend()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.renew_batch()
+    }
+
+    fn renew_one<'a>(&'a self, grant: &'a Grant, ttl: Duration) -> BoxFuture<'a, Result<Duration>> {
+        self.renew(grant, ttl)
+    }
+
+    fn renew_all<'a>(
+        &'a self,
+        grants: &'a [(Grant, Duration)],
+    ) -> BoxFuture<'a, Vec<Result<Duration>>> {
+        self.renew_many(grants)
     }
 }
 

@@ -17,13 +17,14 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
+use crate::backend::wait::{timeout, Attempt, Waiting};
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+use crate::error::LostReason;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
-use crate::keeper::{Hold, HoldState, LeaseKeeper, LostReason, OnTheSpot};
-use crate::lock::{ClientCore, DistributedLock};
+use crate::keeper::{Hold, HoldState};
+use crate::lock::{sealed::Sealed, ClientCore, DistributedLock, LeaseKeeper, OnTheSpot};
 use crate::name::{LockName, OwnerId};
-use crate::wait::{timeout, Attempt, Waiting};
 
 /// The backend's name, as errors, traces and metrics show it.
 pub(crate) const BACKEND: &str = "memory";
@@ -547,6 +548,8 @@ impl MemoryStore {
 /// guard lives (the renewals could not fail: client and "server" share one process), `lost()`
 /// hears from the store the moment the holder goes, and grants and releases happen on the
 /// spot, with or without a runtime.
+impl Sealed for MemoryStore {}
+
 impl LeaseKeeper for MemoryStore {
     fn keep(
         &self,

@@ -9,8 +9,8 @@
 
 use tracing::{debug, field, info, warn, Span};
 
+use crate::error::LostReason;
 use crate::error::{ErrorKind, Result};
-use crate::keeper::LostReason;
 
 /// When an acquire began, for the latency histograms: an `Instant` with the `metrics` feature,
 /// nothing (and no clock read) without.

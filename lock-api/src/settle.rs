@@ -19,8 +19,7 @@
 //! that re-entry's hold instead of the lost one; the count of holds is then one short, and the
 //! lock frees at the second-to-last release of that owner's guards.)
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::capability::LeaseKind;
@@ -29,52 +28,6 @@ use crate::grant::{drift, AcquireRequest, Grant};
 use crate::lock::DistributedLock;
 use crate::name::{LockName, OwnerId};
 use crate::observe::{self, Settling};
-
-/// The holds of each name and owner that one client handle accounts for: its live guards and
-/// its acquires in flight (see the [module docs](self)).
-#[derive(Default)]
-pub(crate) struct Holds {
-    counts: Mutex<HashMap<(LockName, OwnerId), u32>>,
-}
-
-impl Holds {
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<(LockName, OwnerId), u32>> {
-        // Every update is one insert or remove, so a poisoned map is still consistent.
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts one more hold of `name` by `owner`.
-    pub(crate) fn add(&self, name: &LockName, owner: &OwnerId) {
-        *self
-            .counts()
-            .entry((name.clone(), owner.clone()))
-            .or_default() += 1;
-    }
-
-    /// Counts one hold fewer.
-    pub(crate) fn remove(&self, name: &LockName, owner: &OwnerId) {
-        let mut counts = self.counts();
-        let key = (name.clone(), owner.clone());
-        if let Some(n) = counts.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&key);
-            }
-        }
-    }
-
-    /// How many holds of `name` by `owner` this handle accounts for.
-    pub(crate) fn of(&self, name: &LockName, owner: &OwnerId) -> u32 {
-        let counts = self.counts();
-        if counts.is_empty() {
-            return 0;
-        }
-        counts
-            .get(&(name.clone(), owner.clone()))
-            .copied()
-            .unwrap_or(0)
-    }
-}
 
 /// One acquire in flight, counted until it becomes a guard ([`InFlight::landed`]) or fails.
 pub(crate) struct InFlight<'a> {

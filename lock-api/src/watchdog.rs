@@ -9,7 +9,7 @@
 //! O(log n) a step plus one pass over the slab a second.
 //!
 //! Renewals due at one wake-up go out in batches where the backend confirms many grants with
-//! one request ([`DistributedLock::renew_batch`]); for those backends, renewals due within the
+//! one request ([`DistributedLock::renew_batch`](crate::DistributedLock::renew_batch)); for those backends, renewals due within the
 //! next 100 ms are brought forward to join the batch.
 
 use std::collections::BTreeSet;
@@ -21,8 +21,10 @@ use tokio::task::JoinHandle;
 
 use crate::error::ErrorKind;
 use crate::grant::{safe_until, Grant};
-use crate::keeper::{Hold, HoldState, LeaseKeeper, LostReason};
-use crate::lock::DistributedLock;
+use futures::future::BoxFuture;
+
+use crate::error::{LostReason, Result};
+use crate::keeper::HoldState;
 
 /// How many renewal requests one client has in flight at most (a batch is one request).
 const MAX_CONCURRENT_RENEWALS: usize = 64;
@@ -36,19 +38,34 @@ const COALESCE: Duration = Duration::from_millis(100);
 /// After this long with nothing to watch, the task ends; the next guard starts a new one.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 
-pub(crate) struct Watchdog {
-    shared: Arc<Shared>,
+/// What the watchdog asks of the backend whose guards it keeps (the client's
+/// [`DistributedLock`](crate::DistributedLock), which implements it).
+pub(crate) trait Renewer: Send + Sync + 'static {
+    /// The backend's name, for metrics.
+    fn label(&self) -> &'static str;
+    /// How many grants one renewal request may confirm.
+    fn batch_size(&self) -> usize;
+    /// Renews one grant.
+    fn renew_one<'a>(&'a self, grant: &'a Grant, ttl: Duration) -> BoxFuture<'a, Result<Duration>>;
+    /// Renews several grants with one request.
+    fn renew_all<'a>(
+        &'a self,
+        grants: &'a [(Grant, Duration)],
+    ) -> BoxFuture<'a, Vec<Result<Duration>>>;
 }
 
-struct Shared {
-    inner: Mutex<Inner>,
+pub(crate) struct Watchdog<B: ?Sized + Renewer> {
+    shared: Arc<Shared<B>>,
+}
+
+struct Shared<B: ?Sized> {
+    inner: Mutex<Inner<B>>,
     wake: Notify,
     permits: Semaphore,
 }
 
-#[derive(Default)]
-struct Inner {
-    slots: Vec<Slot>,
+struct Inner<B: ?Sized> {
+    slots: Vec<Slot<B>>,
     /// Indices of empty slots.
     free: Vec<u32>,
     /// How many slots hold an entry.
@@ -65,14 +82,36 @@ struct Inner {
 
 /// A slab slot. An entry's id is its index with the slot's generation in the high half, so a
 /// stale id (of an entry removed while its renewal was in flight) never finds a newer entry.
-#[derive(Default)]
-struct Slot {
+struct Slot<B: ?Sized> {
     generation: u32,
-    entry: Option<Entry>,
+    entry: Option<Entry<B>>,
 }
 
-struct Entry {
-    backend: Weak<dyn DistributedLock>,
+impl<B: ?Sized> Default for Slot<B> {
+    fn default() -> Self {
+        Self {
+            generation: 0,
+            entry: None,
+        }
+    }
+}
+
+impl<B: ?Sized> Default for Inner<B> {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+            horizon: None,
+            queue: BTreeSet::new(),
+            task: None,
+            wake_at: None,
+        }
+    }
+}
+
+struct Entry<B: ?Sized> {
+    backend: Weak<B>,
     grant: Grant,
     state: Arc<HoldState>,
     /// `Some` for watchdog-managed leases: the TTL to renew with and when to renew next.
@@ -82,7 +121,7 @@ struct Entry {
     queued: Option<Instant>,
 }
 
-impl Entry {
+impl<B: ?Sized> Entry<B> {
     /// The next instant something must happen to this entry, if ever.
     fn next_event(&self) -> Option<Instant> {
         let renew = self.renew.filter(|_| !self.in_flight).map(|(_, at)| at);
@@ -93,7 +132,7 @@ impl Entry {
     }
 
     /// Marks entry `id`'s renewal in flight and hands it to the sender.
-    fn send(&mut self, id: u64, backend: Arc<dyn DistributedLock>, ttl: Duration) -> Due {
+    fn send(&mut self, id: u64, backend: Arc<B>, ttl: Duration) -> Due<B> {
         self.in_flight = true;
         Due {
             id,
@@ -114,8 +153,8 @@ fn split(id: u64) -> (usize, u32) {
     ((id & u64::from(u32::MAX)) as usize, (id >> 32) as u32)
 }
 
-impl Inner {
-    fn insert(&mut self, entry: Entry) -> u64 {
+impl<B: ?Sized + Renewer> Inner<B> {
+    fn insert(&mut self, entry: Entry<B>) -> u64 {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -129,7 +168,7 @@ impl Inner {
         id_of(index as usize, slot.generation)
     }
 
-    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry<B>> {
         let (index, generation) = split(id);
         let slot = self.slots.get_mut(index)?;
         if slot.generation != generation {
@@ -138,7 +177,7 @@ impl Inner {
         slot.entry.as_mut()
     }
 
-    fn remove(&mut self, id: u64) -> Option<Entry> {
+    fn remove(&mut self, id: u64) -> Option<Entry<B>> {
         let (index, generation) = split(id);
         let slot = self.slots.get_mut(index)?;
         if slot.generation != generation {
@@ -192,7 +231,7 @@ impl Inner {
     /// [`COALESCE`] (and within a tenth of their TTL) forward into the batch being sent, so
     /// locks taken a few milliseconds apart share one request instead of each waking the task.
     /// Renewing that little early costs nothing: each lock is still renewed once a period.
-    fn coalesce(&mut self, now: Instant, due: &mut Vec<Due>) {
+    fn coalesce(&mut self, now: Instant, due: &mut Vec<Due<B>>) {
         let soon: Vec<u64> = self
             .queue
             .range(..(now + COALESCE, u64::MAX))
@@ -226,13 +265,13 @@ impl Inner {
     }
 }
 
-fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+fn lock<B: ?Sized>(m: &Mutex<Inner<B>>) -> std::sync::MutexGuard<'_, Inner<B>> {
     // Every update leaves `Inner` consistent before anything that could panic, so a poisoned
     // lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Watchdog {
+impl<B: ?Sized + Renewer> Watchdog<B> {
     pub(crate) fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -247,7 +286,7 @@ impl Watchdog {
     /// its safe-until passes. Must be called inside a Tokio runtime.
     pub(crate) fn register(
         &self,
-        backend: Weak<dyn DistributedLock>,
+        backend: Weak<B>,
         grant: Grant,
         state: Arc<HoldState>,
         renew_ttl: Option<Duration>,
@@ -317,72 +356,7 @@ impl Watchdog {
     }
 }
 
-/// The networked backends' keeper: guards are enrolled with the client's watchdog, which renews
-/// a watchdog-managed lease and fires `lost()`; their releases go to the server.
-impl LeaseKeeper for Watchdog {
-    fn keep(
-        &self,
-        backend: &Arc<dyn DistributedLock>,
-        grant: Grant,
-        renew: Option<Duration>,
-        leased: bool,
-    ) -> Hold {
-        let until = leased.then(|| safe_until(grant.sent_at, grant.ttl));
-        let core = backend.core();
-        core.note_runtime();
-        let state = Arc::new(HoldState::new(core.backend(), until));
-        let entry = self.register(
-            Arc::downgrade(backend),
-            grant.clone(),
-            state.clone(),
-            renew,
-            until,
-        );
-        Hold::shared_with(grant, entry, renew.is_some(), state)
-    }
-
-    fn safe_until(&self, hold: &Hold) -> Option<Instant> {
-        hold.shared.get().and_then(|s| s.safe_until())
-    }
-
-    fn lost_reason(&self, hold: &Hold) -> Option<LostReason> {
-        match hold.shared.get() {
-            Some(s) => s.reason(),
-            None => Some(LostReason::ClientGone),
-        }
-    }
-
-    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason> {
-        match hold.shared.get() {
-            Some(s) => s.reason().map_or(Ok(s.safe_until()), Err),
-            None => Err(LostReason::ClientGone),
-        }
-    }
-
-    fn extended(&self, hold: &Hold, sent: Instant, outcome: &crate::Result<Duration>) {
-        let Some(state) = hold.shared.get() else {
-            return;
-        };
-        match outcome {
-            Ok(granted) => state.extend(safe_until(sent, *granted)),
-            Err(e) if matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld) => {
-                state.fire(LostReason::Taken(e.to_string()), &hold.grant);
-            }
-            Err(_) => {}
-        }
-    }
-
-    fn let_go(&self, hold: &Hold) {
-        self.deregister(hold.ticket);
-        // With the watchdog's copy gone, a state nobody else shares has nobody to tell.
-        if let Some(state) = hold.shared.get().filter(|s| Arc::strong_count(s) > 1) {
-            state.mark_released();
-            state.changed.notify_waiters();
-        }
-    }
-}
-
-impl Drop for Watchdog {
+impl<B: ?Sized + Renewer> Drop for Watchdog<B> {
     fn drop(&mut self) {
         if let Some(task) = lock(&self.shared.inner).task.take() {
             task.abort();
@@ -390,14 +364,14 @@ impl Drop for Watchdog {
     }
 }
 
-struct Due {
+struct Due<B: ?Sized> {
     id: u64,
-    backend: Arc<dyn DistributedLock>,
+    backend: Arc<B>,
     grant: Grant,
     ttl: Duration,
 }
 
-async fn run(shared: Arc<Shared>) {
+async fn run<B: ?Sized + Renewer>(shared: Arc<Shared<B>>) {
     let mut idle_since: Option<Instant> = None;
     let mut next_sweep = Instant::now();
     loop {
@@ -444,7 +418,7 @@ async fn run(shared: Arc<Shared>) {
                 // its next event.
                 inner.schedule(id);
             }
-            if due.first().is_some_and(|d| d.backend.renew_batch() > 1) {
+            if due.first().is_some_and(|d| d.backend.batch_size() > 1) {
                 inner.coalesce(now, &mut due);
             }
             if inner.len == 0 {
@@ -480,12 +454,12 @@ async fn run(shared: Arc<Shared>) {
 /// Splits the renewals due at one wake-up into the batches they are sent in: one grant each,
 /// unless the backend confirms several with one request (`renew_batch`), then up to that many
 /// grants of that backend together.
-fn batches(mut due: Vec<Due>) -> Vec<Vec<Due>> {
+fn batches<B: ?Sized + Renewer>(mut due: Vec<Due<B>>) -> Vec<Vec<Due<B>>> {
     // Guards of one client normally share one backend handle; group by it all the same.
     due.sort_by_key(|d| Arc::as_ptr(&d.backend).cast::<()>() as usize);
-    let mut out: Vec<Vec<Due>> = Vec::new();
+    let mut out: Vec<Vec<Due<B>>> = Vec::new();
     for d in due {
-        let size = d.backend.renew_batch().max(1);
+        let size = d.backend.batch_size().max(1);
         match out.last_mut() {
             Some(last) if last.len() < size && Arc::ptr_eq(&last[0].backend, &d.backend) => {
                 last.push(d);
@@ -497,7 +471,7 @@ fn batches(mut due: Vec<Due>) -> Vec<Vec<Due>> {
 }
 
 /// Renews one batch (all of one backend) and settles each grant's outcome.
-async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
+async fn renew_batch<B: ?Sized + Renewer>(shared: Arc<Shared<B>>, batch: Vec<Due<B>>) {
     let Some(backend) = batch.first().map(|d| d.backend.clone()) else {
         return;
     };
@@ -508,11 +482,11 @@ async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
         let _permit = shared.permits.acquire().await;
         let sent = Instant::now();
         let results = if let [d] = batch.as_slice() {
-            vec![backend.renew(&d.grant, d.ttl).await]
+            vec![backend.renew_one(&d.grant, d.ttl).await]
         } else {
             let grants: Vec<(Grant, Duration)> =
                 batch.iter().map(|d| (d.grant.clone(), d.ttl)).collect();
-            backend.renew_many(&grants).await
+            backend.renew_all(&grants).await
         };
         (sent, results)
     };
@@ -528,12 +502,7 @@ async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
                 ))
             });
             let g = &d.grant;
-            crate::observe::renewed(
-                d.backend.core().backend(),
-                g.name.as_str(),
-                g.token.0,
-                &result,
-            );
+            crate::observe::renewed(d.backend.label(), g.name.as_str(), g.token.0, &result);
             sooner |= settle(&mut inner, d, sent, result);
         }
     }
@@ -544,7 +513,12 @@ async fn renew_batch(shared: Arc<Shared>, batch: Vec<Due>) {
 
 /// Applies one renewal's outcome to its entry; whether the entry's next event is now sooner
 /// than the task planned to look.
-fn settle(inner: &mut Inner, d: &Due, sent: Instant, result: crate::Result<Duration>) -> bool {
+fn settle<B: ?Sized + Renewer>(
+    inner: &mut Inner<B>,
+    d: &Due<B>,
+    sent: Instant,
+    result: Result<Duration>,
+) -> bool {
     let Some(e) = inner.get_mut(d.id) else {
         return false; // released while the renewal was in flight
     };

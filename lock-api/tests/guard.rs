@@ -178,18 +178,18 @@ impl Remote {
     }
 }
 
-#[distlock_api::async_trait]
+#[distlock_api::backend::async_trait]
 impl DistributedLock for Remote {
     fn capabilities(&self) -> distlock_api::Capabilities {
         self.inner.capabilities()
     }
-    fn core(&self) -> &distlock_api::ClientCore {
+    fn core(&self) -> &distlock_api::backend::ClientCore {
         self.inner.core()
     }
     async fn attempt(
         &self,
-        req: &distlock_api::AcquireRequest,
-    ) -> distlock_api::Result<distlock_api::wait::Attempt> {
+        req: &distlock_api::backend::AcquireRequest,
+    ) -> distlock_api::Result<distlock_api::backend::wait::Attempt> {
         self.inner.attempt(req).await
     }
     async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {
@@ -234,18 +234,18 @@ impl Batching {
     }
 }
 
-#[distlock_api::async_trait]
+#[distlock_api::backend::async_trait]
 impl DistributedLock for Batching {
     fn capabilities(&self) -> distlock_api::Capabilities {
         self.inner.capabilities()
     }
-    fn core(&self) -> &distlock_api::ClientCore {
+    fn core(&self) -> &distlock_api::backend::ClientCore {
         self.inner.core()
     }
     async fn attempt(
         &self,
-        req: &distlock_api::AcquireRequest,
-    ) -> distlock_api::Result<distlock_api::wait::Attempt> {
+        req: &distlock_api::backend::AcquireRequest,
+    ) -> distlock_api::Result<distlock_api::backend::wait::Attempt> {
         self.inner.attempt(req).await
     }
     async fn release(&self, grant: &distlock_api::Grant) -> distlock_api::Result<bool> {

@@ -19,7 +19,7 @@ pub(crate) fn skip() -> bool {
 
 /// The server the tests run against.
 pub(crate) fn url() -> String {
-    std::env::var("DISTLOCK_ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".to_string())
+    distlock_etcd::DESCRIPTOR.test_url()
 }
 
 /// The lease the tests ask for: etcd's minimum (2 s with default server settings, which is
@@ -29,7 +29,7 @@ pub(crate) const SHORT_TTL: Duration = Duration::from_secs(2);
 /// The config of a test client, with the short lease.
 pub(crate) fn config() -> EtcdConfig {
     EtcdConfig::from_url(&url())
-        .and_then(|c| c.lease_ttl(SHORT_TTL))
+        .map(|c| c.default_ttl(SHORT_TTL))
         .unwrap_or_else(|e| panic!("bad DISTLOCK_ETCD_URL: {e}"))
 }
 

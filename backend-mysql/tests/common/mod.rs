@@ -7,8 +7,7 @@ use distlock_mysql::sqlx::{self, AssertSqlSafe, Connection, MySqlConnection};
 use distlock_mysql::MysqlConfig;
 
 pub fn url() -> String {
-    std::env::var("DISTLOCK_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://distlock:distlock@127.0.0.1:3306/distlock".to_string())
+    distlock_mysql::DESCRIPTOR.test_url()
 }
 
 /// Whether `DISTLOCK_SKIP` names `mysql` (printed, so a skip is never silent).

@@ -31,14 +31,33 @@ pub fn unique(tag: &str) -> String {
 
 /// The single server the tests use.
 pub fn redis_url() -> String {
-    std::env::var("DISTLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    distlock_redis::DESCRIPTOR.test_url()
 }
 
 /// The RedLock masters the tests use, comma-separated.
 pub fn redlock_urls() -> String {
-    std::env::var("DISTLOCK_REDLOCK_URLS").unwrap_or_else(|_| {
-        "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382".into()
-    })
+    distlock_redis::REDLOCK_DESCRIPTOR.test_url()
+}
+
+/// The RedLock masters as one `redlock://h1,h2,h3` URL (user and options of the first), the
+/// form whose hosts the conformance suite's proxies can stand in for.
+pub fn redlock_url() -> String {
+    let urls = redlock_urls();
+    if urls.trim_start().starts_with("redlock://") {
+        return urls.trim().to_string();
+    }
+    let list: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let hosts: Vec<String> = list
+        .iter()
+        .flat_map(|u| distlock_conformance::hosts_of(u))
+        .collect();
+    let first = list[0].split_once("://").map_or(list[0], |(_, r)| r);
+    let end = first.find(['/', '?']).unwrap_or(first.len());
+    let (authority, tail) = first.split_at(end);
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(u, _)| format!("{u}@"));
+    format!("redlock://{user}{}{tail}", hosts.join(","))
 }
 
 /// A plain driver connection, separate from any lock client.

@@ -18,7 +18,7 @@ use distlock_api::{Blocking, LockExt, LockOptions, SharedLock};
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::results::{BackendResult, ScenarioError};
-use crate::targets::{Kind, Target};
+use crate::targets::{run_id, Kind, Target};
 use crate::Res;
 
 use uncontended::LockCycle;
@@ -128,12 +128,6 @@ pub(crate) fn unique_name(scenario: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("distlock-bench/{}/{scenario}/{n}", run_id())
-}
-
-/// This run's id: the process id and a random number, in hex.
-pub(crate) fn run_id() -> &'static str {
-    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    RUN.get_or_init(|| format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)))
 }
 
 /// One application-level cycle: wait for the lock (it is free), then release it.

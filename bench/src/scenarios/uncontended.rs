@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_api::{AcquireRequest, Blocking, LockExt, LockName, LockOptions, SharedLock};
+use distlock_api::backend::AcquireRequest;
+use distlock_api::{Blocking, LockExt, LockName, LockOptions, SharedLock};
 
 use super::{lock_cycle, unique_name, ACQUIRE_WAIT};
 use crate::plan::Plan;

@@ -28,7 +28,7 @@ pub(crate) struct EtcdTarget {
 
 impl EtcdTarget {
     pub(crate) async fn open(url: &str) -> Res<Self> {
-        let config = EtcdConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT)?;
+        let config = EtcdConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
         EtcdLock::connect(config.clone()).await?.close().await?;
         Ok(Self { config })
     }

@@ -13,13 +13,19 @@ mod zk;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::SharedLock;
+use distlock_api::{BackendDescriptor, SharedLock};
 use serde::{Deserialize, Serialize};
 
 use crate::Res;
 
 pub(crate) use self::private::PrivateRedis;
 pub(crate) use self::redis::redlock_urls;
+
+/// This run's id: the process id and a random number, in hex.
+pub(crate) fn run_id() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)))
+}
 
 /// The longest a backend may take to connect before the report calls it unavailable. Backends
 /// bound their own connects too; this is the bench's guard against one that does not.
@@ -48,17 +54,22 @@ impl Kind {
         Kind::Etcd,
     ];
 
+    /// How the backend describes itself: id, label, test URL.
+    pub(crate) fn descriptor(self) -> &'static BackendDescriptor {
+        match self {
+            Kind::Memory => &distlock_api::MEMORY,
+            Kind::Redis => &distlock_redis::DESCRIPTOR,
+            Kind::Redlock => &distlock_redis::REDLOCK_DESCRIPTOR,
+            Kind::Mysql => &distlock_mysql::DESCRIPTOR,
+            Kind::Mongo => &distlock_mongo::DESCRIPTOR,
+            Kind::Zk => &distlock_zk::DESCRIPTOR,
+            Kind::Etcd => &distlock_etcd::DESCRIPTOR,
+        }
+    }
+
     /// The `--only` name, also the JSON id.
     pub(crate) fn id(self) -> &'static str {
-        match self {
-            Kind::Memory => "memory",
-            Kind::Redis => "redis",
-            Kind::Redlock => "redlock",
-            Kind::Mysql => "mysql",
-            Kind::Mongo => "mongo",
-            Kind::Zk => "zk",
-            Kind::Etcd => "etcd",
-        }
+        self.descriptor().id
     }
 
     pub(crate) fn from_id(id: &str) -> Option<Kind> {
@@ -67,43 +78,19 @@ impl Kind {
 
     /// The name the report prints.
     pub(crate) fn label(self) -> &'static str {
-        match self {
-            Kind::Memory => "in-memory",
-            Kind::Redis => "Redis",
-            Kind::Redlock => "RedLock (3 Redis)",
-            Kind::Mysql => "MySQL/MariaDB",
-            Kind::Mongo => "MongoDB",
-            Kind::Zk => "ZooKeeper",
-            Kind::Etcd => "etcd",
-        }
+        self.descriptor().label
     }
 
     /// The environment variable with the server's URL, and its default.
     pub(crate) fn url_var(self) -> Option<(&'static str, &'static str)> {
-        Some(match self {
-            Kind::Memory => return None,
-            Kind::Redis => ("DISTLOCK_REDIS_URL", "redis://127.0.0.1:6379"),
-            Kind::Redlock => (
-                "DISTLOCK_REDLOCK_URLS",
-                "redis://127.0.0.1:6380,redis://127.0.0.1:6381,redis://127.0.0.1:6382",
-            ),
-            Kind::Mysql => (
-                "DISTLOCK_MYSQL_URL",
-                "mysql://distlock:distlock@127.0.0.1:3306/distlock",
-            ),
-            Kind::Mongo => ("DISTLOCK_MONGO_URL", "mongodb://127.0.0.1:27017"),
-            Kind::Zk => ("DISTLOCK_ZK_URL", "zk://127.0.0.1:2181"),
-            Kind::Etcd => ("DISTLOCK_ETCD_URL", "etcd://127.0.0.1:2379"),
-        })
+        let d = self.descriptor();
+        (!d.test_url_var.is_empty()).then_some((d.test_url_var, d.test_url_default))
     }
 
     /// The server URL this run uses ("in-process" for memory).
     pub(crate) fn url(self) -> String {
         match self.url_var() {
-            Some((var, default)) => std::env::var(var)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| default.to_string()),
+            Some(_) => self.descriptor().test_url(),
             None => "in-process".into(),
         }
     }

@@ -19,7 +19,7 @@ use distlock_mongo::mongodb::Collection;
 use distlock_mongo::{MongoConfig, MongoLock};
 
 use super::{Floor, FloorOps, Kind, Target};
-use crate::scenarios::run_id;
+use crate::targets::run_id;
 use crate::Res;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -34,9 +34,9 @@ pub(crate) struct MongoTarget {
 
 impl MongoTarget {
     pub(crate) async fn open(url: &str) -> Res<Self> {
-        let config = MongoConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT)?;
-        let database = format!("{}_bench_{}", config.database_name(), run_id());
-        let config = config.database(&database)?;
+        let config = MongoConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
+        let database = format!("{}_bench_{}", config.get_database(), run_id());
+        let config = config.database(&database);
         let lock = MongoLock::connect(config.clone()).await?;
         Ok(Self {
             version: lock.server().version.clone(),

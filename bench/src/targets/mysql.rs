@@ -57,7 +57,7 @@ impl Target for MysqlTarget {
         let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.config.connect_options().connect())
             .await
             .map_err(|_| "floor: no MySQL connection within the connect timeout")??;
-        let table = self.config.lock_table_name();
+        let table = self.config.get_lock_table();
         Ok(Box::new(MysqlFloor {
             conn,
             insert: format!(

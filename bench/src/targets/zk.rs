@@ -23,7 +23,7 @@ pub(crate) struct ZkTarget {
 
 impl ZkTarget {
     pub(crate) async fn open(url: &str) -> Res<Self> {
-        let config = ZkConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT)?;
+        let config = ZkConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
         ZkLock::connect(config.clone()).await?;
         Ok(Self { config })
     }

@@ -16,12 +16,12 @@ impl HolderProcess {
         use tokio::io::AsyncBufReadExt;
         let exe = std::env::current_exe().expect("test binary path");
         let mut cmd = tokio::process::Command::new(exe);
-        cmd.env(crate::runner::HOLDER_CHILD_ENV, name)
+        cmd.env(crate::case::HOLDER_CHILD_ENV, name)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true);
         if let Some(mode) = mode {
-            cmd.env(crate::runner::HOLDER_MODE_ENV, mode);
+            cmd.env(crate::case::HOLDER_MODE_ENV, mode);
         }
         let mut child = cmd.spawn().expect("spawn the holder process");
         let stdout = child.stdout.take().expect("piped stdout");

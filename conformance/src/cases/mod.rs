@@ -11,8 +11,8 @@ use distlock_api::{
 };
 use futures::future::join_all;
 
+use crate::case::{Case, CaseFuture, Ctx};
 use crate::proxy::Proxy;
-use crate::runner::{Case, CaseFuture, Ctx};
 
 mod basics;
 mod faults;

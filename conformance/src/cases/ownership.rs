@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::{DistributedLock, ErrorKind, LockExt, LockOptions, OwnerId};
 
-use crate::runner::Ctx;
+use crate::case::Ctx;
 
 const LONG_WAIT: Duration = Duration::from_secs(30);
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::{DistributedLock, ErrorKind, LockExt, LockGuard, LockOptions, OwnerId};
 
-use crate::runner::{unique_suffix, Ctx};
+use crate::case::{unique_suffix, Ctx};
 
 /// The long lease the cases start from; the short one they extend or re-enter with.
 const LONG: Duration = Duration::from_secs(60);

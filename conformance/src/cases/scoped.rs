@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distlock_api::{ErrorKind, LockExt, LockName, LockOptions};
 
-use crate::runner::Ctx;
+use crate::case::Ctx;
 
 pub(crate) async fn with_lock_runs_the_work_under_the_lock_and_releases(cx: Ctx) {
     let (a, b) = (cx.client().await, cx.client().await);

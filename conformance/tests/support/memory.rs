@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::wait::{Attempt, Waiting};
+use distlock_api::backend::wait::{Attempt, Waiting};
+use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
-    async_trait, AcquireRequest, Capabilities, ClientCore, DistributedLock, Grant, LockInfo,
-    LockName, MemoryLock, MemoryStore, Result,
+    Capabilities, DistributedLock, Grant, LockInfo, LockName, MemoryLock, MemoryStore, Result,
 };
 
 pub(crate) struct Memory {

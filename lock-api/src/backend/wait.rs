@@ -2,6 +2,12 @@
 //! attempts — one driven by server notices, one polling with capped exponential backoff and
 //! jitter. Both honour the deadline (one last attempt at it, then [`ErrorKind::Timeout`]). The
 //! core makes every attempt cancellation-safe (`detached`), so no backend wires its own.
+//!
+//! A backend that waits in a queue of its own ([`Waiting::Queue`]) leaves server state behind
+//! while it waits (a queue node, a waiter key). [`Armed`] is the one way to undo it when the
+//! acquire stops half-way: the state lives in a [`Cleanup`] that runs in the background if the
+//! acquire's future is dropped (or fails) before it [`disarm`](Armed::disarm)s it. The core's
+//! own cancellation safety is built on it too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -170,10 +176,11 @@ where
     UF: Future<Output = ()> + Send + 'static,
 {
     Detached {
-        attempt: Some(Box::pin(attempt)),
-        undo: Some(Box::new(move |g| Box::pin(undo(g)))),
-        // Taken now, inside the runtime that runs the attempt: the drop may happen elsewhere.
-        handle: Handle::try_current().ok(),
+        // Armed now, inside the runtime that runs the attempt: the drop may happen elsewhere.
+        unfinished: Some(Armed::new(Unfinished {
+            attempt: Box::pin(attempt),
+            undo: Box::new(move |g| Box::pin(undo(g))),
+        })),
         started: false,
         polling: false,
     }
@@ -182,13 +189,106 @@ where
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Undo = Box<dyn FnOnce(Grant) -> Boxed<()> + Send>;
 
+/// Server state an operation leaves behind until it completes, and how to undo it.
+pub trait Cleanup: Send + 'static {
+    /// The work that undoes the state, run in the background by a dropped [`Armed`].
+    fn run(self) -> impl Future<Output = ()> + Send + 'static;
+
+    /// Called instead of [`run`](Cleanup::run) when an [`Armed`] is dropped where no Tokio
+    /// runtime is around to run it (and none was when it was armed). The default does nothing:
+    /// the state ends with its lease or session.
+    fn without_runtime(self)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// A [`Cleanup`] that runs in the background if this is dropped before
+/// [`disarm`](Armed::disarm) (the operation completed, and the state is the caller's now).
+/// The operation reaches its state through `Deref`/`DerefMut` while it goes on.
+///
+/// The runtime is the one the `Armed` was made in (an acquire's), so a drop on another thread
+/// still cleans up; without one, [`Cleanup::without_runtime`] is called.
+#[must_use = "dropping it at once runs the cleanup"]
+pub struct Armed<C: Cleanup> {
+    cleanup: Option<C>,
+    handle: Option<Handle>,
+}
+
+impl<C: Cleanup> Armed<C> {
+    /// Arms `cleanup`.
+    pub fn new(cleanup: C) -> Self {
+        Self {
+            cleanup: Some(cleanup),
+            handle: Handle::try_current().ok(),
+        }
+    }
+
+    /// The operation completed: its state is kept, and is returned.
+    pub fn disarm(mut self) -> C {
+        match self.cleanup.take() {
+            Some(cleanup) => cleanup,
+            // `cleanup` is only taken here and in `drop`, each of which consumes `self`.
+            None => unreachable!("Armed disarmed twice"),
+        }
+    }
+
+    fn state(&self) -> &C {
+        self.cleanup
+            .as_ref()
+            .expect("an Armed holds its cleanup until it is consumed")
+    }
+}
+
+impl<C: Cleanup> std::ops::Deref for Armed<C> {
+    type Target = C;
+
+    fn deref(&self) -> &C {
+        self.state()
+    }
+}
+
+impl<C: Cleanup> std::ops::DerefMut for Armed<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.cleanup
+            .as_mut()
+            .expect("an Armed holds its cleanup until it is consumed")
+    }
+}
+
+impl<C: Cleanup> Drop for Armed<C> {
+    fn drop(&mut self) {
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        match Handle::try_current().ok().or_else(|| self.handle.take()) {
+            Some(handle) => drop(handle.spawn(cleanup.run())),
+            None => cleanup.without_runtime(),
+        }
+    }
+}
+
+/// What a dropped [`Detached`] leaves to finish: the attempt under way, whose grant, if it
+/// wins one, goes to `undo`.
+struct Unfinished {
+    attempt: Boxed<Result<Attempt>>,
+    undo: Undo,
+}
+
+impl Cleanup for Unfinished {
+    async fn run(self) {
+        if let Ok(Attempt::Granted(grant)) = self.attempt.await {
+            (self.undo)(grant).await;
+        }
+    }
+}
+
 /// The future [`detached`] returns.
 #[must_use = "futures do nothing unless awaited"]
 pub(crate) struct Detached {
     /// `None` once the outcome was returned.
-    attempt: Option<Boxed<Result<Attempt>>>,
-    undo: Option<Undo>,
-    handle: Option<Handle>,
+    unfinished: Option<Armed<Unfinished>>,
     /// Polled at least once: a request may have been sent.
     started: bool,
     /// Inside the attempt's `poll`: a drop that sees this comes from a panic in it, and the
@@ -201,7 +301,7 @@ impl Future for Detached {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let Some(attempt) = this.attempt.as_mut() else {
+        let Some(unfinished) = this.unfinished.as_mut() else {
             return Poll::Ready(Err(Error::new(
                 ErrorKind::Backend,
                 "acquire attempt polled after it completed",
@@ -209,11 +309,13 @@ impl Future for Detached {
         };
         this.started = true;
         this.polling = true;
-        let polled = attempt.as_mut().poll(cx);
+        let polled = unfinished.attempt.as_mut().poll(cx);
         this.polling = false;
         if polled.is_ready() {
             // From here on the outcome is the caller's: nothing is left to undo.
-            this.attempt = None;
+            if let Some(done) = this.unfinished.take() {
+                drop(done.disarm());
+            }
         }
         polled
     }
@@ -221,26 +323,62 @@ impl Future for Detached {
 
 impl Drop for Detached {
     fn drop(&mut self) {
-        let (Some(attempt), Some(undo)) = (self.attempt.take(), self.undo.take()) else {
-            return;
-        };
         // Never polled: nothing was sent. Panicked inside its poll: it cannot be resumed.
         if !self.started || self.polling {
-            return;
+            if let Some(done) = self.unfinished.take() {
+                drop(done.disarm());
+            }
         }
-        if let Some(handle) = &self.handle {
-            handle.spawn(async move {
-                if let Ok(Attempt::Granted(grant)) = attempt.await {
-                    undo(grant).await;
-                }
-            });
-        }
+        // Otherwise the `Armed` finishes the attempt in the background as it drops, and gives
+        // back a grant it wins.
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records which way a cleanup went.
+    struct Note(std::sync::mpsc::Sender<&'static str>);
+
+    impl Cleanup for Note {
+        async fn run(self) {
+            let _ = self.0.send("ran in the background");
+        }
+
+        fn without_runtime(self) {
+            let _ = self.0.send("no runtime");
+        }
+    }
+
+    #[tokio::test]
+    async fn armed_cleanup_runs_when_dropped_and_not_when_disarmed() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop(Armed::new(Note(tx.clone())).disarm());
+        drop(Armed::new(Note(tx)));
+        // The dropped one's task runs on this runtime once we yield.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), ["ran in the background"]);
+    }
+
+    #[test]
+    fn armed_dropped_on_a_plain_thread_cleans_up_on_its_runtime_or_says_there_is_none() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let armed = rt.block_on(async { Armed::new(Note(tx.clone())) });
+        std::thread::spawn(move || drop(armed)).join().unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        assert_eq!(got, Ok("ran in the background"));
+        let orphan = Armed::new(Note(tx));
+        std::thread::spawn(move || drop(orphan)).join().unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("no runtime"));
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap_with_jitter() {

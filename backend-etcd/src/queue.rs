@@ -1,0 +1,350 @@
+//! The queue: a contender's entry key under the lock's directory, the oldest entry holding the
+//! lock, and every waiter watching the delete of the entry just before its own.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_api::backend::wait::{self, Attempt};
+use distlock_api::backend::AcquireRequest;
+use distlock_api::{Error, ErrorKind, Grant, Result};
+use etcd_client::{
+    Compare, CompareOp, EventType, SortOrder, Txn, TxnOp, WatchFilterType, WatchOptions,
+};
+
+use crate::holds::{entries, lock, put_count, range_result, Gated, Holds, Repair, Shared};
+use crate::keys;
+use crate::lease::LeaseInfo;
+
+/// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
+pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
+
+/// The entry a waiter waits on: the next-lower one.
+#[derive(Clone, Debug)]
+pub(crate) struct Pred {
+    key: Vec<u8>,
+    /// Its create-revision, which tells it apart from a later entry at the same key.
+    rev: i64,
+}
+
+/// A waiting acquire: what it asked for and the entry it queued.
+pub(crate) struct Turn<'a> {
+    req: &'a AcquireRequest,
+    key: &'a str,
+    dir: &'a str,
+    lease: LeaseInfo,
+    /// The hold it gets at its turn: one, with its entry's create-revision as token.
+    holds: Holds,
+}
+
+impl Shared {
+    /// Acquires `req`; with no deadline, only if that needs no waiting (`None` otherwise).
+    /// `Ok(None)` with a deadline means the deadline passed while waiting for this client's
+    /// other acquire of the same key.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let lease = self.lease.current()?;
+        let dir = keys::lock_dir(&self.config.key_prefix, req.name.as_str());
+        let key = keys::entry_key(&dir, lease.id, &req.owner);
+        let slot = self.slot(&key);
+        let gate = match deadline {
+            None => match slot.slot.gate.clone().try_lock_owned() {
+                Ok(gate) => gate,
+                // Another acquire or release of this key is under way. If the owner holds the
+                // lock it is a quick re-count, worth waiting for; otherwise it is a waiter in
+                // the queue, so someone else holds the lock.
+                Err(_) if slot.holds().count > 0 => {
+                    let gate = slot.slot.gate.clone().lock_owned();
+                    tokio::time::timeout(self.config.client.operation_timeout, gate)
+                        .await
+                        .map_err(|_| {
+                            Error::new(
+                                ErrorKind::Unavailable,
+                                "this owner's previous operation on the lock is still retrying",
+                            )
+                        })?
+                }
+                Err(_) => return Ok(None),
+            },
+            Some(deadline) => {
+                let gate = slot.slot.gate.clone();
+                match tokio::time::timeout_at(deadline.into(), gate.lock_owned()).await {
+                    Ok(gate) => gate,
+                    Err(_) => return Ok(None),
+                }
+            }
+        };
+
+        let held = slot.holds();
+        let (gate, slot) = if held.count > 0 {
+            // Reentrant: confirm the key is still ours and count the hold into its value.
+            let next = held.count + 1;
+            let pending = Gated::armed(slot, gate, Repair::RestoreCount { token: held.token });
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    held.token,
+                )])
+                .and_then([put_count(&key, next, lease.id)]);
+            let resp = self.txn("re-acquiring", txn).await?;
+            let Gated { gate, slot, .. } = pending.disarm();
+            if resp.succeeded() {
+                let holds = Holds {
+                    count: next,
+                    token: held.token,
+                };
+                slot.set(holds);
+                return self.grant(req, &key, lease, holds).map(Some);
+            }
+            // The key is gone (removed, or its lease lost): those holds are stale, and their
+            // guards learn it at their next renewal. Queue afresh.
+            slot.set(Holds::default());
+            (gate, slot)
+        } else {
+            (gate, slot)
+        };
+
+        let pending = Gated::armed(slot, gate, Repair::Delete);
+        let (my_rev, pred) = self.enqueue(&key, &dir, lease.id).await?;
+        let holds = Holds {
+            count: 1,
+            token: my_rev,
+        };
+        let grant = match (pred, deadline) {
+            (None, _) => self.grant(req, &key, lease, holds)?,
+            (Some(_), None) => {
+                // try-acquire: not first, so leave the queue at once.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        my_rev,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                self.txn("leaving the queue", txn).await?;
+                drop(pending.disarm());
+                return Ok(None);
+            }
+            (Some(pred), Some(deadline)) => {
+                let turn = Turn {
+                    req,
+                    key: &key,
+                    dir: &dir,
+                    lease,
+                    holds,
+                };
+                self.wait_turn(&turn, pred, deadline).await?
+            }
+        };
+        let Gated { gate, slot, .. } = pending.disarm();
+        slot.set(holds);
+        drop(gate);
+        Ok(Some(grant))
+    }
+
+    /// Creates this client's entry key for the lock (absent keys only), and returns its
+    /// create-revision and the entry just before it, if any.
+    pub(crate) async fn enqueue(
+        &self,
+        key: &str,
+        dir: &str,
+        lease_id: i64,
+    ) -> Result<(i64, Option<Pred>)> {
+        for _ in 0..3 {
+            // Our put is the newest write, so the two newest entries are ours and the one we
+            // queue behind.
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([
+                    put_count(key, 1, lease_id),
+                    TxnOp::get(dir, Some(entries(SortOrder::Descend).with_limit(2))),
+                ])
+                .or_else([TxnOp::get(key, None)]);
+            let resp = self.txn("queueing", txn).await?;
+            if resp.succeeded() {
+                let kvs = range_result(&resp, 1)?;
+                let mine = kvs
+                    .first()
+                    .filter(|kv| kv.key() == key.as_bytes())
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Backend,
+                            "the new lock key is not the newest entry",
+                        )
+                    })?;
+                let pred = kvs.get(1).map(|kv| Pred {
+                    key: kv.key().to_vec(),
+                    rev: kv.create_revision(),
+                });
+                return Ok((mine.create_revision(), pred));
+            }
+            // The key exists though no acquire, hold or cleanup of ours uses it (a request
+            // that timed out but was applied after all): clear it and queue afresh.
+            if let Some(stale) = range_result(&resp, 0)?.first() {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        key,
+                        CompareOp::Equal,
+                        stale.create_revision(),
+                    )])
+                    .and_then([TxnOp::delete(key, None)]);
+                self.txn("clearing a stale key", txn).await?;
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            format!("could not create the lock key {key:?}: it keeps reappearing"),
+        ))
+    }
+
+    /// Waits until `turn`'s entry is the oldest of its lock, or the deadline passes, and
+    /// returns the grant it then holds.
+    pub(crate) async fn wait_turn(
+        &self,
+        turn: &Turn<'_>,
+        first: Pred,
+        deadline: Instant,
+    ) -> Result<Grant> {
+        let known = Mutex::new(Some(first));
+        let target = Mutex::new(None::<Pred>);
+        let (known, target) = (&known, &target);
+        wait::notified(
+            deadline,
+            move || async move {
+                let known = lock(known).take();
+                let next = match known {
+                    Some(pred) => Some(pred),
+                    None => self.predecessor(turn).await?,
+                };
+                Ok(match next {
+                    None => {
+                        Attempt::Granted(self.grant(turn.req, turn.key, turn.lease, turn.holds)?)
+                    }
+                    Some(pred) => {
+                        *lock(target) = Some(pred);
+                        Attempt::Held { expires_in: None }
+                    }
+                })
+            },
+            move |max| async move {
+                let pred = lock(target).take();
+                if let Some(pred) = pred {
+                    // Our own entry goes with the lease: then there is nothing left to wait for.
+                    let woken = async {
+                        tokio::select! {
+                            _ = self.wait_delete(&pred) => {}
+                            _ = self.lease.gone(turn.lease.id) => {}
+                        }
+                    };
+                    let _ = tokio::time::timeout(max, woken).await;
+                }
+            },
+        )
+        .await
+    }
+
+    /// The entry just before `turn`'s, if `turn`'s entry still exists; an error if not.
+    pub(crate) async fn predecessor(&self, turn: &Turn<'_>) -> Result<Option<Pred>> {
+        // Closed, or lost and not replaced yet: say which; replaced already: say it was lost.
+        let lease_lost = || match self.lease.current() {
+            Err(e) => e,
+            Ok(_) => Error::new(
+                ErrorKind::Unavailable,
+                "the client's lease was lost while waiting, and this waiter's key with it",
+            ),
+        };
+        if self.lease.get(turn.lease.id).is_none() {
+            return Err(lease_lost());
+        }
+        let my_rev = turn.holds.token;
+        let txn = Txn::new()
+            .when([Compare::create_revision(turn.key, CompareOp::Equal, my_rev)])
+            .and_then([TxnOp::get(
+                turn.dir,
+                Some(
+                    entries(SortOrder::Descend)
+                        .with_max_create_revision(my_rev - 1)
+                        .with_limit(1),
+                ),
+            )]);
+        let resp = self.txn("checking the queue", txn).await?;
+        if !resp.succeeded() {
+            if self.lease.get(turn.lease.id).is_none() {
+                return Err(lease_lost());
+            }
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "this waiter's key was deleted while it waited (by an operator, or its lease \
+                 expired)",
+            ));
+        }
+        Ok(range_result(&resp, 0)?.first().map(|kv| Pred {
+            key: kv.key().to_vec(),
+            rev: kv.create_revision(),
+        }))
+    }
+
+    /// Returns when `pred` is gone, or its watch ends some other way (the caller looks at the
+    /// queue again either way).
+    ///
+    /// The watch starts "now", and once it is in place the predecessor is read again. The
+    /// obvious alternative, starting the watch one past the revision the predecessor was seen
+    /// at, is only live if no other write lands in between: etcd serves a watch that starts
+    /// at or below its current revision from its "unsynced" group, which it catches up every
+    /// 100 ms, and under contention some write nearly always lands in between (measured: a
+    /// hand-off stalled for over 100 ms every few grants). A watch from "now" is live, and the
+    /// second read covers a delete that happened before it was in place.
+    pub(crate) async fn wait_delete(&self, pred: &Pred) {
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let i = self.endpoints.index();
+        let broken = || async {
+            self.endpoints.failed(i);
+            tokio::time::sleep(WATCH_RETRY).await;
+        };
+        let Ok(client) = self.endpoints.client(i).await else {
+            return broken().await;
+        };
+        let Ok(mut stream) = client
+            .watch_client()
+            .watch(pred.key.clone(), Some(options))
+            .await
+        else {
+            return broken().await;
+        };
+        // The first answer says the watch is in place.
+        match stream.message().await {
+            Ok(Some(resp)) if resp.created() && !resp.canceled() => {}
+            _ => return broken().await,
+        }
+        let still_there = Txn::new().when([Compare::create_revision(
+            pred.key.clone(),
+            CompareOp::Equal,
+            pred.rev,
+        )]);
+        match self.txn("watching the queue", still_there).await {
+            Ok(resp) if resp.succeeded() => {}
+            Ok(_) => return,
+            Err(_) => {
+                tokio::time::sleep(WATCH_RETRY).await;
+                return;
+            }
+        }
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    let deleted = resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete);
+                    if deleted || resp.canceled() {
+                        return;
+                    }
+                }
+                Ok(None) | Err(_) => return broken().await,
+            }
+        }
+    }
+}

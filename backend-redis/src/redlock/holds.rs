@@ -1,0 +1,165 @@
+//! Held grants: release and renew, master by master, including the late grants that joined.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_api::backend::wait::Backoff;
+use distlock_api::backend::{drift, lost, safe_until};
+use distlock_api::{Error, ErrorKind, Grant, LockName, OwnerId, Result};
+use futures::FutureExt;
+
+use super::*;
+
+impl Shared {
+    /// Sends master `i`'s release of `owner`'s hold (token `t`) until it answers or `until`.
+    pub(super) async fn release_until(
+        &self,
+        i: usize,
+        name: &LockName,
+        owner: &OwnerId,
+        t: u64,
+        until: Instant,
+    ) {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        while self.servers[i].release(name, owner, t).await.is_err() {
+            let pause = backoff.next_delay();
+            if Instant::now() + pause >= until {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    pub(super) async fn release(self: &Arc<Self>, grant: &Grant) -> Result<bool> {
+        let (mut tokens, id) = self.decode(grant)?;
+        // Taken out, so a grant arriving late from now on releases itself instead of joining.
+        let joined = id.and_then(|id| self.late().joined.remove(&id));
+        if let Some(joined) = &joined {
+            for (t, &j) in tokens.iter_mut().zip(&joined.tokens) {
+                if *t == 0 {
+                    *t = j;
+                }
+            }
+        }
+        let targets: Vec<usize> = (0..self.n()).filter(|&i| tokens[i] != 0).collect();
+        // Releases have no validity to respect; the driver's response timeout ends them anyway.
+        let deadline = Deadline::new(
+            self.deadline(grant.ttl),
+            Instant::now() + self.response_timeout,
+        );
+        let (name, owner) = (grant.name.clone(), grant.owner.clone());
+        // A master whose release failed keeps the hold for its whole lease, and counts as held
+        // when a later round needs a majority without it: its release is sent again until it
+        // answers or the lease has run out, whatever the round decided.
+        let until = Instant::now() + grant.ttl + drift(grant.ttl);
+        let retry = {
+            let (s, name, owner, tokens) =
+                (self.clone(), name.clone(), owner.clone(), tokens.clone());
+            move |i: usize| {
+                let (s, name, owner, t) = (s.clone(), name.clone(), owner.clone(), tokens[i]);
+                async move { s.release_until(i, &name, &owner, t, until).await }.boxed()
+            }
+        };
+        let late_retry = retry.clone();
+        let tally = self
+            .majority_round_then(
+                &targets,
+                deadline,
+                {
+                    let tokens = tokens.clone();
+                    move |s, i| {
+                        let (name, owner, t) = (name.clone(), owner.clone(), tokens[i]);
+                        async move { Ok(s.servers[i].release(&name, &owner, t).await?.is_some()) }
+                    }
+                },
+                move |i, r| r.is_err().then(|| late_retry(i)),
+            )
+            .await;
+        for &i in &tally.failed {
+            tokio::spawn(retry(i));
+        }
+        if tally.yes >= self.quorum || tally.yes + tally.errors.len() < self.quorum {
+            return Ok(tally.yes >= self.quorum);
+        }
+        if let (Some(id), Some(joined)) = (id, joined) {
+            // Undecided: a retry of this release must reach the late joiners too.
+            self.late().joined.insert(id, joined);
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "release reached {} of {} masters; {} failed: {}",
+                tally.yes,
+                self.n(),
+                tally.errors.len(),
+                join_errors(&tally.errors)
+            ),
+        ))
+    }
+
+    /// Extends the grant on every master that holds it (late joiners included); granted once
+    /// a majority renewed within the renewal's own validity.
+    pub(super) async fn renew(self: &Arc<Self>, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        let (mut tokens, id) = self.decode(grant)?;
+        let joined = id.and_then(|id| self.late().joined.get(&id).map(|j| j.tokens.clone()));
+        if let Some(joined) = joined {
+            for (t, j) in tokens.iter_mut().zip(joined) {
+                if *t == 0 {
+                    *t = j;
+                }
+            }
+        }
+        let sent_at = Instant::now();
+        let valid_until = safe_until(sent_at, ttl);
+        let deadline = Deadline::new(self.deadline(ttl), valid_until);
+        let targets: Vec<usize> = (0..self.n()).filter(|&i| tokens[i] != 0).collect();
+        let (name, owner) = (grant.name.clone(), grant.owner.clone());
+        let tally = self
+            .majority_round(&targets, deadline, move |s, i| {
+                let (name, owner, t) = (name.clone(), owner.clone(), tokens[i]);
+                async move { s.servers[i].renew(&name, &owner, t, ttl).await }
+            })
+            .await;
+        if tally.yes >= self.quorum && Instant::now() < valid_until {
+            if let Some(id) = id {
+                if let Some(j) = self.late().joined.get_mut(&id) {
+                    j.until = j.until.max(sent_at + ttl + self.response_timeout);
+                }
+            }
+            return Ok(ttl);
+        }
+        if tally.yes + tally.errors.len() < self.quorum {
+            return Err(lost(
+                &grant.name,
+                format!(
+                    "only {} of {} masters still hold the grant of owner {}, {} needed",
+                    tally.yes,
+                    self.n(),
+                    grant.owner,
+                    self.quorum
+                ),
+            ));
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "renewal reached {} of {} masters ({} failed) within its validity: {}",
+                tally.yes,
+                self.n(),
+                tally.errors.len(),
+                join_errors(&tally.errors)
+            ),
+        ))
+    }
+
+    pub(super) fn decode(&self, grant: &Grant) -> Result<(Vec<u64>, Option<u64>)> {
+        decode_key(&grant.key, self.n()).ok_or_else(|| {
+            Error::invalid(format!(
+                "grant key {:?} is not a RedLock grant of {} masters",
+                grant.key,
+                self.n()
+            ))
+            .with_lock(&grant.name)
+        })
+    }
+}

@@ -1,0 +1,385 @@
+//! [`RedLock`]: one lock over N independent Redis masters.
+//!
+//! **Rounds end at a majority.** Every operation (acquire, fence write-back, renew, release)
+//! sends its script to the masters at once and decides as soon as a strict majority has said
+//! yes, or as soon as a majority can no longer say yes, or at the round's deadline: the
+//! per-master deadline ([`master_deadline`], small against the TTL) after the first answer
+//! and, for acquire and renew, the validity left. A dead or paused master therefore costs a
+//! round at most that deadline, never the connection's response timeout. The requests still in flight at the decision keep
+//! running in a background task, which reconciles their late answers:
+//!
+//! - a late grant of a round that failed is released at once;
+//! - a late grant of a round that succeeded *joins* the grant: the derived fencing token is
+//!   written on it (so every master that holds the grant reports the same token) and it is
+//!   recorded in the client's late table under the grant's id, so release and renew reach it
+//!   like any other master of the grant. If the grant was released meanwhile, the late grant is
+//!   released instead. Keeping (rather than dropping) it means a healthy client still holds all
+//!   N masters and survives losing one of them later, though its round ended at N/2 + 1.
+//!
+//! An acquire is granted when a majority granted it and the validity left — TTL minus the time
+//! since the requests were sent minus the drift margin — is still positive when that majority
+//! is reached (and again once the token is written back); otherwise what was granted is given
+//! back.
+//!
+//! **Fencing tokens are derived**, not taken from one counter. Each master keeps the usual
+//! per-name counter. A fresh grant's token is `T = max` of the counters the granting majority
+//! returned; before the grant counts, `T` is written back (counter := max(counter, T)) to a
+//! majority of masters *while the grant still holds each of them*. Any later grant's majority
+//! shares a master with that write-back majority; on that master the later grant's `INCR`
+//! happens after the write-back (the write-back finished before the earlier grant was returned,
+//! and the master was locked by the earlier grant until then), so it returns more than `T`, and
+//! the later token, a maximum that includes it, is greater than `T`. This needs no clock
+//! assumption; it fails only if a master loses its counters (restart without persistence).
+//! Late grants joined afterwards get `T` written too, which only raises counters.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::{
+    Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
+    LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
+};
+use futures::future::join_all;
+
+use crate::config::RedLockConfig;
+
+mod acquire;
+mod holds;
+mod late;
+mod round;
+
+use crate::server::{Holder, Server};
+use late::{decode_key, encode_key, LateTable};
+use round::{finish_late, join_errors, kth_largest, next_before, no_answer, Deadline, Pending};
+
+/// What [`RedLock`] promises.
+pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
+    reentrant: true,
+    blocking: Blocking::Poll,
+    ttl: TtlSupport {
+        kind: LeaseKind::PerLock,
+        min: Duration::from_millis(1),
+        granularity: Duration::from_millis(1),
+    },
+    fair: false,
+    fencing: Fencing::Volatile,
+    renewal: true,
+};
+
+/// The least a round waits for the masters that have not answered, whatever the TTL. Loopback
+/// answers in well under a millisecond, but on a loaded machine the answers of healthy masters
+/// straggle: on the 2-core test machine under the parallel test load, the conformance suite
+/// over five masters saw stragglers more than 50 ms behind the first answer (3 failing runs of
+/// 8 with a 50 ms floor, none of 5 with 100 ms). A deadline below that counts healthy masters
+/// as dead, and a grant held on a bare majority then cannot renew.
+pub const MIN_MASTER_DEADLINE: Duration = Duration::from_millis(100);
+
+/// How long one round waits for the masters that have not answered yet: TTL/200, at least
+/// [`MIN_MASTER_DEADLINE`], but never more than a quarter of the TTL (most of the lease must
+/// be left to use) nor more than the response timeout. Leases up to 20 s give 100 ms, 30 s
+/// gives 150 ms, 200 ms gives 50 ms. It runs from the first master's answer, so this is all a
+/// dead or paused master costs an operation over the quickest master's round trip.
+pub fn master_deadline(ttl: Duration, response_timeout: Duration) -> Duration {
+    (ttl / 200)
+        .max(MIN_MASTER_DEADLINE)
+        .min(ttl / 4)
+        .min(response_timeout)
+}
+
+/// A client of N independent Redis masters running the RedLock algorithm: one multiplexed
+/// connection per master and one watchdog. Waiters poll with capped exponential backoff and
+/// jitter (a release on N masters is N messages; a split vote needs randomized retries anyway).
+///
+/// Build it with [`RedLock::connect`], wrap it in an `Arc` and use
+/// [`LockExt`](crate::LockExt) on it.
+pub struct RedLock {
+    core: ClientCore,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    servers: Vec<Server>,
+    quorum: usize,
+    response_timeout: Duration,
+    default_ttl: Duration,
+    late: Mutex<LateTable>,
+}
+
+impl fmt::Debug for RedLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedLock")
+            .field(
+                "endpoints",
+                &self
+                    .shared
+                    .servers
+                    .iter()
+                    .map(|s| &s.endpoint)
+                    .collect::<Vec<_>>(),
+            )
+            .field("quorum", &self.shared.quorum)
+            .field("owner", self.core.owner())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedLock {
+    /// The backend's name, as errors and `DISTLOCK_SKIP` show it.
+    pub const BACKEND: &'static str = "redlock";
+
+    /// The masters, for the test-only admin.
+    #[cfg(feature = "testing")]
+    pub(crate) fn servers(&self) -> &[Server] {
+        &self.shared.servers
+    }
+
+    /// Validates `config` (before any I/O) and connects to every master at once. A master that
+    /// cannot be reached is tolerated as long as a majority can (it is retried on every call);
+    /// fewer than a majority is [`Unavailable`](ErrorKind::Unavailable) within the connect
+    /// timeout.
+    pub async fn connect(config: RedLockConfig) -> Result<Self> {
+        config
+            .validate()
+            .map_err(|e| e.with_backend(Self::BACKEND))?;
+        let mut core =
+            ClientCore::new(Self::BACKEND).with_default_ttl(config.options.client.default_ttl)?;
+        if let Some(owner) = &config.options.client.owner {
+            core = core.with_owner(owner.clone());
+        }
+        let quorum = config.quorum();
+        let connected = join_all(
+            config
+                .endpoints
+                .iter()
+                .map(|e| Server::connect(e, &config.options, Self::BACKEND)),
+        )
+        .await;
+        let mut servers = Vec::new();
+        let mut errors = Vec::new();
+        for (endpoint, r) in config.endpoints.iter().zip(connected) {
+            match r {
+                Ok(s) => servers.push(s),
+                Err(e) => {
+                    errors.push(e.to_string());
+                    // Tolerated while a majority is up: it connects on first use later.
+                    servers.push(Server::lazy(endpoint, &config.options, Self::BACKEND)?);
+                }
+            }
+        }
+        let up = config.endpoints.len() - errors.len();
+        if up < quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "only {up} of {} RedLock masters reachable, {quorum} needed: {}",
+                    config.endpoints.len(),
+                    errors.join("; ")
+                ),
+            )
+            .with_backend(Self::BACKEND));
+        }
+        Ok(Self {
+            core,
+            shared: Arc::new(Shared {
+                servers,
+                quorum,
+                response_timeout: config.options.client.operation_timeout,
+                default_ttl: config.options.client.default_ttl,
+                late: Mutex::default(),
+            }),
+        })
+    }
+
+    /// Uses `core` (owner id, default TTL) instead of the one built from the config.
+    pub fn with_core(mut self, core: ClientCore) -> Self {
+        self.core = core;
+        self
+    }
+
+    /// How many masters must agree.
+    pub fn quorum(&self) -> usize {
+        self.shared.quorum
+    }
+
+    /// How long a round of this client waits for unanswered masters for a lease of `ttl`
+    /// ([`master_deadline`] with the configured response timeout).
+    pub fn master_deadline(&self, ttl: Duration) -> Duration {
+        master_deadline(ttl, self.shared.response_timeout)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedLock {
+    fn capabilities(&self) -> Capabilities {
+        REDLOCK_CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.shared.attempt(req).await
+    }
+
+    /// Rounds are retried after a random delay ([`Backoff::default`]'s jittered steps), as the
+    /// RedLock description asks of a client that failed to get a majority.
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Backoff::default())
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.shared.release(grant).await
+    }
+
+    /// Master by master: a lost answer may have left holds on any of them, each with its own
+    /// token, so each is found and released on its own — where the master counts more holds of
+    /// `owner` than this handle accounts for (read after the master's count).
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
+        let s = &self.shared;
+        let core = &self.core;
+        let undone = join_all(s.servers.iter().map(|srv| async move {
+            match srv.inspect(name).await? {
+                Some(h) if h.owner == *owner && h.count > core.holds_accounted(name, owner) => {
+                    srv.release(name, owner, h.token).await.map(|r| r.is_some())
+                }
+                _ => Ok(false),
+            }
+        }))
+        .await;
+        let failed = undone.iter().filter(|r| r.is_err()).count();
+        if undone.iter().any(|r| matches!(r, Ok(true))) && failed == 0 {
+            return Ok(true);
+        }
+        if failed > 0 {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("{failed} of {} masters did not answer", s.n()),
+            ));
+        }
+        Ok(false)
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.shared.renew(grant, ttl).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let s = &self.shared;
+        let started = Instant::now();
+        let all: Vec<usize> = (0..s.n()).collect();
+        let mut pending = {
+            let name = name.clone();
+            s.launch(&all, move |s, i| {
+                let name = name.clone();
+                async move { s.servers[i].inspect(&name).await }
+            })
+        };
+        let mut deadline = Deadline::new(s.deadline(s.default_ttl), started + s.response_timeout);
+        let mut replies: Vec<Result<Option<Holder>>> = Vec::new();
+        let mut answered = vec![false; s.n()];
+        while let Some((i, r)) = next_before(&mut pending, deadline.limit).await {
+            answered[i] = true;
+            deadline.answered();
+            replies.push(r);
+        }
+        // A read changes nothing: an answer that is late is simply not waited for.
+        for i in (0..s.n()).filter(|&i| !answered[i]) {
+            replies.push(Err(no_answer(&s.servers[i], started.elapsed())));
+        }
+        let failed = replies.iter().filter(|r| r.is_err()).count();
+        let holders: Vec<Holder> = replies
+            .into_iter()
+            .filter_map(|r| r.ok().flatten())
+            .collect();
+        let mut owners: Vec<&OwnerId> = holders.iter().map(|h| &h.owner).collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            let mine: Vec<&Holder> = holders.iter().filter(|h| &h.owner == owner).collect();
+            if mine.len() < s.quorum {
+                continue;
+            }
+            let token = mine
+                .iter()
+                .map(|h| if h.fence > 0 { h.fence } else { h.token })
+                .max()
+                .unwrap_or(0);
+            return Ok(Some(LockInfo {
+                owner: owner.clone(),
+                hold_count: kth_largest(mine.iter().map(|h| h.count).collect(), s.quorum)
+                    .unwrap_or(1),
+                token: FencingToken(token),
+                remaining: kth_largest(mine.iter().filter_map(|h| h.pttl).collect(), s.quorum),
+            }));
+        }
+        // Nobody holds a majority; unless unanswered masters could hide one, the lock is free.
+        let best = holders.len();
+        if failed > 0 && best + failed >= s.quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{failed} of {} masters did not answer; cannot tell who holds the lock",
+                    s.n()
+                ),
+            ));
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_keys_round_trip() {
+        assert_eq!(encode_key(&[3, 0, 7], None), "3,0,7");
+        assert_eq!(encode_key(&[3, 0, 7], Some(12)), "3,0,7;12");
+        assert_eq!(decode_key("3,0,7", 3), Some((vec![3, 0, 7], None)));
+        assert_eq!(decode_key("3,0,7;12", 3), Some((vec![3, 0, 7], Some(12))));
+        assert_eq!(decode_key("3,0,7;x", 3), None);
+        assert_eq!(decode_key("3,0", 3), None);
+        assert_eq!(decode_key("", 3), None);
+        assert_eq!(decode_key("a,b,c", 3), None);
+    }
+
+    #[test]
+    fn late_table_sweeps_only_entries_past_their_lease() {
+        let mut table = LateTable::default();
+        let past = Instant::now() - Duration::from_secs(1);
+        let future = Instant::now() + Duration::from_secs(60);
+        let live: Vec<u64> = (0..10).map(|_| table.open(3, future)).collect();
+        for _ in 0..200 {
+            table.open(3, past);
+        }
+        assert!(
+            table.joined.len() < 80,
+            "{} entries kept",
+            table.joined.len()
+        );
+        assert!(live.iter().all(|id| table.joined.contains_key(id)));
+    }
+
+    #[test]
+    fn master_deadline_is_small_against_the_ttl() {
+        let rt = Duration::from_secs(3);
+        let ms = Duration::from_millis;
+        assert_eq!(master_deadline(Duration::from_secs(10), rt), ms(100));
+        assert_eq!(master_deadline(Duration::from_secs(2), rt), ms(100));
+        assert_eq!(master_deadline(ms(200), rt), ms(50));
+        assert_eq!(master_deadline(Duration::from_secs(30), rt), ms(150));
+        assert_eq!(master_deadline(ms(100), rt), ms(25));
+        assert_eq!(master_deadline(Duration::from_secs(3600), rt), rt);
+    }
+
+    #[test]
+    fn kth_largest_is_the_majority_bound() {
+        assert_eq!(kth_largest(vec![1, 3, 2], 2), Some(2));
+        assert_eq!(kth_largest(vec![5], 2), None);
+        assert_eq!(kth_largest(Vec::<u32>::new(), 1), None);
+    }
+}

@@ -1,0 +1,294 @@
+//! The locks a client holds, kept on the client's side: per name and owner, the queue node that
+//! stands for the hold and how many holds it counts; and the checks a renewal makes against
+//! them before (and after) asking the server.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use distlock_api::backend::{lost, AcquireRequest, ClientCore};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, LostReason, OwnerId, Result};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use zookeeper_client as zk;
+
+use crate::path;
+use crate::session::{request_error, Session, Sessions};
+
+/// What a client handle shares with its session monitor and background tasks.
+pub(crate) struct Inner {
+    pub(crate) core: ClientCore,
+    pub(crate) base: String,
+    pub(crate) session: RwLock<Arc<Session>>,
+    pub(crate) holds: Mutex<HashMap<HoldKey, Hold>>,
+    /// Set once the ensemble refused a multi-read (servers before 3.6): renewals then confirm
+    /// each lock with its own request.
+    pub(crate) no_multi_read: AtomicBool,
+    /// Dropping it stops the session monitor.
+    pub(crate) _stop: oneshot::Sender<()>,
+}
+
+pub(crate) type HoldKey = (LockName, OwnerId);
+
+/// A lock this client holds for one owner: its queue node and hold count.
+pub(crate) struct Hold {
+    pub(crate) path: String,
+    pub(crate) czxid: i64,
+    pub(crate) count: u32,
+    pub(crate) epoch: u64,
+}
+
+/// What a queue node holds: who it belongs to and how many holds it stands for, so that any
+/// client can `inspect` it.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct NodeData {
+    pub(crate) owner: String,
+    pub(crate) holds: u32,
+}
+
+impl NodeData {
+    pub(crate) fn bytes(owner: &OwnerId, holds: u32) -> Vec<u8> {
+        serde_json::to_vec(&NodeData {
+            owner: owner.to_string(),
+            holds,
+        })
+        .unwrap_or_default()
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a single insert/remove/assignment, so a poisoned lock
+    // still guards consistent state.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    pub(crate) fn session(&self) -> Arc<Session> {
+        self.session
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn dir(&self, name: &LockName) -> String {
+        path::join(&self.base, &path::encode_name(name.as_str()))
+    }
+
+    /// Records a fresh grant, unless its session ended meanwhile (then the acquire fails and
+    /// its queue node is cleaned up).
+    pub(crate) fn register_hold(
+        &self,
+        s: &Session,
+        req: &AcquireRequest,
+        path: &str,
+        czxid: i64,
+    ) -> Result<()> {
+        let mut holds = lock(&self.holds);
+        if s.is_lost() || self.session().epoch != s.epoch {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "the ZooKeeper session ended while the lock was being acquired",
+            )
+            .with_backend("zk"));
+        }
+        holds.insert(
+            (req.name.clone(), req.owner.clone()),
+            Hold {
+                path: path.to_string(),
+                czxid,
+                count: 1,
+                epoch: s.epoch,
+            },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn forget_hold(&self, key: &HoldKey, path: &str) {
+        let mut holds = lock(&self.holds);
+        if holds.get(key).is_some_and(|h| h.path == path) {
+            holds.remove(key);
+        }
+    }
+
+    /// A reentrant acquire: adds a hold to a lock this owner holds through this client, after
+    /// confirming (and recording in the node) that the hold is still real. `None` if the owner
+    /// holds nothing here (or its hold turned out to be gone).
+    pub(crate) async fn rejoin(
+        &self,
+        s: &Arc<Session>,
+        req: &AcquireRequest,
+    ) -> Result<Option<Grant>> {
+        let key = (req.name.clone(), req.owner.clone());
+        let (request, path, czxid, count, sent) = {
+            let mut holds = lock(&self.holds);
+            let Some(h) = holds.get_mut(&key) else {
+                return Ok(None);
+            };
+            if h.epoch != s.epoch {
+                holds.remove(&key);
+                return Ok(None);
+            }
+            h.count += 1;
+            let sent = Instant::now();
+            // Sent now, under the lock, so concurrent count updates reach the server in the
+            // order they were made here.
+            let request = s
+                .client
+                .set_data(&h.path, &NodeData::bytes(&req.owner, h.count), None);
+            (request, h.path.clone(), h.czxid, h.count, sent)
+        };
+        let mut undo = UndoHold {
+            inner: self,
+            session: s,
+            key: &key,
+            path: &path,
+            armed: true,
+        };
+        match s.call(request).await {
+            Ok(stat) if stat.czxid == czxid && stat.ephemeral_owner == s.id => {
+                undo.armed = false;
+                Ok(Some(Grant {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    token: FencingToken(czxid as u64),
+                    hold_count: count,
+                    ttl: s.timeout,
+                    sent_at: sent,
+                    key: path.clone(),
+                }))
+            }
+            Ok(_) | Err(Some(zk::Error::NoNode)) => {
+                // The hold is gone (removed behind our back): forget it and contend afresh.
+                undo.armed = false;
+                self.forget_hold(&key, &path);
+                Ok(None)
+            }
+            Err(e) => Err(request_error(e, "cannot record the reentrant hold", s)),
+        }
+    }
+
+    /// What renewing `grant` can decide without the server: its node's path, or why it no
+    /// longer holds.
+    pub(crate) fn renew_locally(&self, grant: &Grant, s: &Session) -> Result<String> {
+        let Some((path, epoch)) = self.hold_of(grant) else {
+            return Err(lost(
+                &grant.name,
+                "this client does not hold the lock for that grant",
+            )
+            .with_backend("zk"));
+        };
+        if epoch != s.epoch {
+            // Its session was replaced, which fired lost() on its guards already.
+            return Err(lost(
+                &grant.name,
+                "the ZooKeeper session that held the lock ended",
+            )
+            .with_backend("zk"));
+        }
+        if s.is_lost() {
+            return Err(self.session_over(grant, s));
+        }
+        Ok(path)
+    }
+
+    /// The session behind `grant` is over, learnt by a renewal before the session monitor:
+    /// ends it for every guard now, so they all report it as the session's end.
+    pub(crate) fn session_over(&self, grant: &Grant, s: &Session) -> Error {
+        let state = match s.client.state() {
+            zk::SessionState::Closed => "closed",
+            zk::SessionState::AuthFailed => "refused (authentication failed)",
+            _ => "expired",
+        };
+        self.session_ended(s.epoch, &format!("ZooKeeper session {state}"));
+        lost(
+            &grant.name,
+            "the ZooKeeper session that held the lock ended",
+        )
+        .with_backend("zk")
+    }
+
+    /// The renewal's answer for `grant`: its node's `stat`, `None` if the node is gone.
+    pub(crate) fn confirmed(
+        &self,
+        grant: &Grant,
+        s: &Session,
+        stat: Option<&zk::Stat>,
+    ) -> Result<Duration> {
+        match stat {
+            Some(stat) if stat.czxid as u64 == grant.token.0 && stat.ephemeral_owner == s.id => {
+                Ok(s.timeout)
+            }
+            _ => Err(lost(&grant.name, "the lock's queue node is gone").with_backend("zk")),
+        }
+    }
+
+    /// The grant's hold, if this client has it: same owner, queue node and token.
+    fn hold_of(&self, grant: &Grant) -> Option<(String, u64)> {
+        let holds = lock(&self.holds);
+        let h = holds.get(&(grant.name.clone(), grant.owner.clone()))?;
+        (h.path == grant.key && h.czxid as u64 == grant.token.0).then(|| (h.path.clone(), h.epoch))
+    }
+}
+
+impl Sessions for Inner {
+    /// Makes `session` the one new requests use.
+    fn install(&self, session: Session) {
+        *self.session.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(session);
+    }
+
+    /// The session of `epoch` is over: every hold in it is gone, so their guards report lost.
+    fn session_ended(&self, epoch: u64, reason: &str) {
+        let keys: HashSet<String> = {
+            let mut holds = lock(&self.holds);
+            let s = self.session();
+            if s.epoch == epoch {
+                s.mark_lost();
+            }
+            let mut keys = HashSet::new();
+            holds.retain(|_, h| {
+                if h.epoch == epoch {
+                    keys.insert(h.path.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            keys
+        };
+        self.core.mark_lost(
+            |g| keys.contains(&g.key),
+            LostReason::Session(reason.to_string()),
+        );
+    }
+}
+
+/// Gives a reentrant hold back if the acquire that added it is dropped or fails before the
+/// server confirmed it.
+struct UndoHold<'a> {
+    inner: &'a Inner,
+    session: &'a Session,
+    key: &'a HoldKey,
+    path: &'a str,
+    armed: bool,
+}
+
+impl Drop for UndoHold<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut holds = lock(&self.inner.holds);
+        if let Some(h) = holds.get_mut(self.key) {
+            if h.path == self.path && h.count > 1 {
+                h.count -= 1;
+                // Sent at once; nobody waits for the answer.
+                drop(self.session.client.set_data(
+                    &h.path,
+                    &NodeData::bytes(&self.key.1, h.count),
+                    None,
+                ));
+            }
+        }
+    }
+}

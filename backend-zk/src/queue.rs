@@ -1,0 +1,218 @@
+//! The queue: one ephemeral-sequential node per contender under the lock's container node; the
+//! lowest sequence holds, and every other contender watches only its predecessor.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use distlock_api::backend::{wait, AcquireRequest};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, Result};
+use zookeeper_client as zk;
+
+use crate::cleanup::{settle, spawn_delete, QueueNodes};
+use crate::error::in_doubt;
+use crate::holds::{Inner, NodeData};
+use crate::path::{self, QueueNode};
+use crate::session::{request_error, Session};
+
+/// How often an acquire re-creates its queue node after it vanished (removed by an operator)
+/// or retries a create whose answer was lost, before it gives up.
+pub(crate) const MAX_CREATE_ATTEMPTS: u32 = 5;
+
+impl Inner {
+    pub(crate) async fn contend(
+        &self,
+        req: &AcquireRequest,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let s = self.session();
+        s.check_live()?;
+        if let Some(grant) = self.rejoin(&s, req).await? {
+            return Ok(Some(grant));
+        }
+        let dir = self.dir(&req.name);
+        let prefix = path::new_queue_prefix();
+        let data = NodeData::bytes(&req.owner, 1);
+        let mut pending = QueueNodes::armed(s.clone(), dir.clone(), prefix.clone());
+        let started = pending.started;
+        let (mut mine, mut czxid) = self.create_node(&s, &dir, &data, &mut pending).await?;
+        let mut ended = s.ended.subscribe();
+        let mut recreated = 0;
+        loop {
+            s.check_live()?;
+            let sent = Instant::now();
+            let children = match s.call_again(|| s.client.list_children(&dir)).await {
+                Ok(children) => children,
+                // Our node cannot exist without its parent: it is gone too.
+                Err(Some(zk::Error::NoNode)) => Vec::new(),
+                Err(e) => return Err(request_error(e, "cannot list the lock's queue", &s)),
+            };
+            let queue = path::queue(children);
+            // Every node with our prefix is ours: a create retried after a lost answer may have
+            // made two. Keep the earliest (our best place in line), delete the others.
+            let ours: Vec<&QueueNode> = queue
+                .iter()
+                .filter(|n| n.name.starts_with(&prefix))
+                .collect();
+            let Some(me) = ours.first() else {
+                // Our node vanished (an operator, or a harness, removed it): queue again.
+                recreated += 1;
+                if deadline.is_none() || recreated >= MAX_CREATE_ATTEMPTS {
+                    settle(pending).await;
+                    return Ok(None);
+                }
+                pending.known.clear();
+                (mine, czxid) = self.create_node(&s, &dir, &data, &mut pending).await?;
+                continue;
+            };
+            for dup in &ours[1..] {
+                spawn_delete(s.clone(), path::join(&dir, &dup.name));
+            }
+            let me_path = path::join(&dir, &me.name);
+            if me_path != mine {
+                match s.call_again(|| s.client.check_stat(&me_path)).await {
+                    Ok(Some(stat)) => (mine, czxid) = (me_path, stat.czxid),
+                    Ok(None) => continue,
+                    Err(e) => return Err(request_error(e, "cannot read the queue node", &s)),
+                }
+                if !pending.known.contains(&mine) {
+                    pending.known.push(mine.clone());
+                }
+            }
+            let position = queue.iter().position(|n| n.seq == me.seq).unwrap_or(0);
+            if position == 0 {
+                self.register_hold(&s, req, &mine, czxid)?;
+                pending.disarm().keep_only(&mine);
+                return Ok(Some(Grant {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    token: FencingToken(czxid as u64),
+                    hold_count: 1,
+                    ttl: s.timeout,
+                    sent_at: sent,
+                    key: mine,
+                }));
+            }
+            let Some(deadline) = deadline else {
+                // try-acquire: not first, so leave the queue.
+                settle(pending).await;
+                return Ok(None);
+            };
+            if Instant::now() >= deadline {
+                settle(pending).await;
+                return Err(wait::timeout(deadline.saturating_duration_since(started)));
+            }
+            // Watch only the node just ahead of ours: its deletion is our turn (or its owner
+            // left the queue, and we re-check).
+            let predecessor = path::join(&dir, &queue[position - 1].name);
+            let watcher = match s
+                .call_again(|| s.client.get_and_watch_data(&predecessor))
+                .await
+            {
+                Ok((_, _, watcher)) => watcher,
+                Err(Some(zk::Error::NoNode)) => continue,
+                Err(e) => return Err(request_error(e, "cannot watch the predecessor", &s)),
+            };
+            let timed_out = tokio::select! {
+                _ = watcher.changed() => false,
+                _ = ended.wait_for(|&ended| ended) => false,
+                _ = tokio::time::sleep_until(deadline.into()) => true,
+            };
+            if timed_out {
+                settle(pending).await;
+                return Err(wait::timeout(deadline.saturating_duration_since(started)));
+            }
+        }
+    }
+
+    /// Creates our queue node, the lock node first if it is missing. A create whose answer is
+    /// lost may still have happened: the unique prefix finds it (Curator's "protected" mode).
+    async fn create_node(
+        &self,
+        s: &Arc<Session>,
+        dir: &str,
+        data: &[u8],
+        pending: &mut QueueNodes,
+    ) -> Result<(String, i64)> {
+        let prefix_path = path::join(dir, &pending.prefix);
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mut attempts = 0;
+        // Whether an earlier create of ours went unanswered (and so may exist unknown to us).
+        let mut lost_answers = pending.in_doubt;
+        loop {
+            attempts += 1;
+            s.check_live()?;
+            // Until the answer arrives, a dropped acquire must sweep by prefix.
+            pending.in_doubt = true;
+            let outcome = s.call(s.client.create(&prefix_path, data, &mode)).await;
+            match outcome {
+                Ok((stat, sequence)) => {
+                    pending.in_doubt = lost_answers;
+                    let path = format!("{prefix_path}{sequence}");
+                    pending.known.push(path.clone());
+                    return Ok((path, stat.czxid));
+                }
+                Err(Some(zk::Error::NoNode)) if attempts < MAX_CREATE_ATTEMPTS => {
+                    pending.in_doubt = lost_answers;
+                    // The lock node is missing, or the container sweeper just removed it.
+                    self.make_lock_node(s, dir).await?;
+                }
+                Err(e) if in_doubt(&e) && attempts < MAX_CREATE_ATTEMPTS => {
+                    lost_answers = true;
+                    if let Some((path, czxid)) = self.find_mine(s, dir, &pending.prefix).await? {
+                        pending.known.push(path.clone());
+                        return Ok((path, czxid));
+                    }
+                }
+                Err(e) => return Err(request_error(e, "cannot create the queue node", s)),
+            }
+        }
+    }
+
+    /// Creates the lock's container node (and the base path, if it went missing).
+    async fn make_lock_node(&self, s: &Session, dir: &str) -> Result<()> {
+        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        for _ in 0..2 {
+            match s.call_again(|| s.client.create(dir, &[], &container)).await {
+                Ok(_) | Err(Some(zk::Error::NodeExists)) => return Ok(()),
+                Err(Some(zk::Error::NoNode)) => {
+                    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    s.call_again(|| s.client.mkdir(&self.base, &persistent))
+                        .await
+                        .map_err(|e| request_error(e, "cannot create the base path", s))?;
+                }
+                Err(e) => return Err(request_error(e, "cannot create the lock node", s)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the base path keeps disappearing while the lock node is created",
+        )
+        .with_backend("zk"))
+    }
+
+    /// Our queue node with `prefix`, if a create whose answer was lost made one.
+    async fn find_mine(
+        &self,
+        s: &Session,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<Option<(String, i64)>> {
+        let children = match s.call_again(|| s.client.list_children(dir)).await {
+            Ok(children) => children,
+            Err(Some(zk::Error::NoNode)) => return Ok(None),
+            Err(e) => return Err(request_error(e, "cannot list the lock's queue", s)),
+        };
+        let Some(node) = path::queue(children)
+            .into_iter()
+            .find(|n| n.name.starts_with(prefix))
+        else {
+            return Ok(None);
+        };
+        let path = path::join(dir, &node.name);
+        match s.call_again(|| s.client.check_stat(&path)).await {
+            Ok(Some(stat)) => Ok(Some((path, stat.czxid))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(request_error(e, "cannot read the queue node", s)),
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! A backend's test-only admin surface: what the conformance suite does to a server behind the
+//! client's back, and what it asks the server to check that nothing was left behind. Backends
+//! implement [`Admin`] behind their `testing` feature, so it never ships in a build that does
+//! not ask for it; the suite's harness is then the backend's descriptor plus its admin.
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::error::Result;
+use crate::name::LockName;
+
+/// Acts on a backend's server directly, as an operator, a failover or a crash would.
+#[async_trait]
+pub trait Admin: Send + Sync {
+    /// Removes `name`'s current holder behind its back (deletes the key, row, document or
+    /// node). The holder's guard must then report lost at its next renewal.
+    async fn remove_holder(&self, name: &LockName) -> Result<()>;
+
+    /// How many waiters the server has queued for `name` (queue nodes or keys other than the
+    /// holder's, subscribers of its release channel). `None` where the backend keeps no waiter
+    /// state on the server (polling ones).
+    async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
+        let _ = name;
+        Ok(None)
+    }
+
+    /// What the server still keeps for names starting with `prefix` (lock keys, rows, nodes,
+    /// waiters), described for a failure message; empty when nothing is left.
+    async fn leftovers(&self, prefix: &str) -> Result<Vec<String>>;
+}
+
+/// Makes the admin of the server(s) at a URL.
+pub type AdminFn = fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Admin>>>;
