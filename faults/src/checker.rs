@@ -59,13 +59,20 @@ pub(crate) struct Checked {
     /// Register writes taken although their writer no longer believed it held (only a
     /// stopped process can do that; the token order decides whether they were harmless).
     pub(crate) late_writes: usize,
-    /// Lost counter updates the scenario makes legitimate (see [`Expect::client_pause`]).
+    /// Lost counter updates the scenario makes legitimate: a stopped holder's update landing
+    /// late ([`Expect::client_pause`]), or a holder's update before it learned that its lock
+    /// was deleted behind its back ([`Expect::oob_delete`]). Only fencing protects against
+    /// either; the counter is the resource without it.
     pub(crate) unfenced_lost_updates: u64,
     /// The longest time from a fault's end to the next grant, in ms; `None` when the run had
     /// no fault to recover from.
     pub(crate) recover_ms: Option<f64>,
     /// Faults after which nothing was granted again.
     pub(crate) unrecovered: usize,
+    /// Grants completed while a fault was in force (from a fault to the next fault that ends
+    /// one): what stays available through it (RedLock with a minority of masters down, a
+    /// cluster with a member lost).
+    pub(crate) grants_during_faults: usize,
     /// Acquires by outcome.
     pub(crate) outcomes: BTreeMap<String, usize>,
 }
@@ -91,7 +98,9 @@ pub(crate) fn check(
         .iter()
         .filter_map(|f| f.killed.map(|pid| (pid, f.at)))
         .fold(HashMap::new(), |mut m, (pid, at)| {
-            m.entry(pid).and_modify(|t: &mut u64| *t = (*t).min(at)).or_insert(at);
+            m.entry(pid)
+                .and_modify(|t: &mut u64| *t = (*t).min(at))
+                .or_insert(at);
             m
         });
     let mut grants = Vec::new();
@@ -233,7 +242,7 @@ pub(crate) fn check(
     for (name, cell) in resource {
         out.fenced_off += cell.rejected.len();
         if cell.lost_updates > 0 || cell.counter != cell.sets {
-            if expect.client_pause {
+            if expect.client_pause || expect.oob_delete {
                 out.unfenced_lost_updates += cell.lost_updates;
             } else {
                 out.violations.push(format!(
@@ -257,6 +266,24 @@ pub(crate) fn check(
             matches!(r, Rec::Write { id, invoke, accepted: true, .. }
                 if ends.get(id).is_some_and(|&end| *invoke > end))
         })
+        .count();
+
+    // Availability: grants while a fault was in force.
+    let mut windows = Vec::new();
+    let mut open: Option<u64> = None;
+    for f in faults {
+        match (f.recover_from, open) {
+            (false, None) => open = Some(f.at),
+            (true, Some(from)) => {
+                windows.push((from, f.at));
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    out.grants_during_faults = grants
+        .iter()
+        .filter(|g| windows.iter().any(|&(a, b)| a <= g.start && g.start < b))
         .count();
 
     // Recovery: from each fault's end to the next grant.
@@ -366,6 +393,10 @@ mod tests {
         assert_eq!(c.recover_ms, Some(10.0 / 1e6));
         let early = [acquire(1, 1, 1, 10), acquire(2, 1, 2, 40), end(2, 1, 70)];
         let c = check(&early, &faults, &BTreeMap::new(), 100, Expect::default());
-        assert_eq!(c.violations.len(), 1, "granted while the killed one still believed");
+        assert_eq!(
+            c.violations.len(),
+            1,
+            "granted while the killed one still believed"
+        );
     }
 }

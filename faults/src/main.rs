@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! distlock-faults [--quick] [--backend redis,etcd] [--scenario baseline,holder-kill]
-//!                 [--runs N] [--out DIR]
+//!                 [--runs N] [--out DIR] [--skip mongo]
 //! ```
 
 mod campaign;
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     let options = match campaign::Options::parse(&args) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("{e}\n\n{}", campaign::USAGE);
+            eprintln!("{e}\n\n{}", campaign::usage());
             return ExitCode::from(2);
         }
     };

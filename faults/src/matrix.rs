@@ -1,79 +1,83 @@
 //! The one list of backends and the one list of scenarios, and which scenario applies where.
+//! Backends come from their crates' descriptors (id, test URL, capabilities) and test-only
+//! admins (deleting a lock behind its holder, listing what a run left), so nothing here
+//! repeats a backend's key layout.
 
 use std::time::Duration;
 
+use distlock_api::backend::testing::AdminFn;
+use distlock_api::{BackendDescriptor, LeaseKind};
+
 /// A backend the campaign runs against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) struct Backend {
-    /// Its key on the command line and in the report.
-    pub(crate) key: &'static str,
-    /// The environment variable naming its server.
-    pub(crate) env: &'static str,
-    /// The default URL of the shared server.
-    pub(crate) default_url: &'static str,
-    /// Whether each grant has its own lease (else it lives as long as the session/lease).
-    pub(crate) per_lock: bool,
+    /// What the backend crate says of itself.
+    pub(crate) descriptor: &'static BackendDescriptor,
+    /// Its test-only admin; `None` for the in-memory store (no server to act on).
+    pub(crate) admin: Option<AdminFn>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
 }
 
 /// Every backend, in report order.
-pub(crate) const BACKENDS: &[Backend] = &[
-    Backend {
-        key: "redis",
-        env: "DISTLOCK_REDIS_URL",
-        default_url: "redis://127.0.0.1:6379",
-        per_lock: true,
-    },
-    Backend {
-        key: "redlock",
-        env: "DISTLOCK_REDLOCK_URL",
-        default_url: "redlock://127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382",
-        per_lock: true,
-    },
-    Backend {
-        key: "mysql",
-        env: "DISTLOCK_MYSQL_URL",
-        default_url: "mysql://distlock:distlock@127.0.0.1:3306/distlock",
-        per_lock: true,
-    },
-    Backend {
-        key: "mongo",
-        env: "DISTLOCK_MONGO_URL",
-        default_url: "mongodb://127.0.0.1:27017",
-        per_lock: true,
-    },
-    Backend {
-        key: "zk",
-        env: "DISTLOCK_ZK_URL",
-        default_url: "zk://127.0.0.1:2181",
-        per_lock: false,
-    },
-    Backend {
-        key: "etcd",
-        env: "DISTLOCK_ETCD_URL",
-        default_url: "etcd://127.0.0.1:2379",
-        per_lock: false,
-    },
-    Backend {
-        key: "memory",
-        env: "",
-        default_url: "memory://",
-        per_lock: true,
-    },
-];
+pub(crate) fn backends() -> Vec<Backend> {
+    vec![
+        Backend {
+            descriptor: &distlock_redis::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_redis::REDLOCK_DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_redis::testing::redlock_admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_mysql::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_mysql::testing::admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_mongo::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_mongo::testing::admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_zk::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_zk::testing::admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_etcd::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_etcd::testing::admin(url))),
+        },
+        Backend {
+            descriptor: &distlock_api::MEMORY,
+            admin: None,
+        },
+    ]
+}
 
 impl Backend {
-    /// The shared server's URL.
-    pub(crate) fn shared_url(&self) -> String {
-        if self.env.is_empty() {
-            return self.default_url.to_string();
-        }
-        std::env::var(self.env).unwrap_or_else(|_| self.default_url.to_string())
+    /// Its key on the command line and in the report: the descriptor's id.
+    pub(crate) fn key(&self) -> &'static str {
+        self.descriptor.id
     }
 
-    /// The lease the campaign's locks get: short, so that runs are short; session backends
-    /// take theirs from the URL (etcd's minimum is 2 s).
+    /// Whether each grant has its own lease (else it lives as long as the session or lease).
+    pub(crate) fn per_lock(&self) -> bool {
+        self.descriptor.capabilities.ttl.kind == LeaseKind::PerLock
+    }
+
+    /// The shared server's URL (the descriptor's test URL).
+    pub(crate) fn shared_url(&self) -> String {
+        self.descriptor.test_url()
+    }
+
+    /// The lease the campaign's locks get: short, so that runs are short. Session backends
+    /// take theirs from the URL; etcd's leases count in whole seconds and ZooKeeper's session
+    /// must outlast a few of the shared server's 200 ms ticks, so both get 2 s.
     pub(crate) fn ttl(&self) -> Duration {
-        if self.per_lock {
+        if self.per_lock() {
             Duration::from_millis(1000)
         } else {
             Duration::from_millis(2000)
@@ -83,7 +87,7 @@ impl Backend {
     /// `url` with the session settings the campaign needs.
     pub(crate) fn with_session(&self, url: &str) -> String {
         let sep = if url.contains('?') { '&' } else { '?' };
-        match self.key {
+        match self.key() {
             "zk" => format!("{url}{sep}session_timeout_ms={}", self.ttl().as_millis()),
             "etcd" => format!("{url}{sep}lease_ttl_ms={}", self.ttl().as_millis()),
             _ => url.to_string(),
@@ -105,9 +109,15 @@ pub(crate) enum Scenario {
     ClientCut,
     ServerPause,
     ServerRestart,
+    LeaderKill,
+    FollowerKill,
+    MemberCut,
+    MemberRestart,
+    /// RedLock over 5 private masters, this many of them stopped past the lease.
+    MastersDown(usize),
 }
 
-/// Every scenario, in priority order.
+/// Every scenario, in report order.
 pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::Baseline,
     Scenario::SharedHandle,
@@ -120,6 +130,13 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::ClientCut,
     Scenario::ServerPause,
     Scenario::ServerRestart,
+    Scenario::LeaderKill,
+    Scenario::FollowerKill,
+    Scenario::MemberCut,
+    Scenario::MemberRestart,
+    Scenario::MastersDown(1),
+    Scenario::MastersDown(2),
+    Scenario::MastersDown(3),
 ];
 
 impl Scenario {
@@ -137,6 +154,13 @@ impl Scenario {
             Scenario::ClientCut => "client-cut",
             Scenario::ServerPause => "server-pause",
             Scenario::ServerRestart => "server-restart",
+            Scenario::LeaderKill => "leader-kill",
+            Scenario::FollowerKill => "follower-kill",
+            Scenario::MemberCut => "member-cut",
+            Scenario::MemberRestart => "member-restart",
+            Scenario::MastersDown(1) => "masters-down-1",
+            Scenario::MastersDown(2) => "masters-down-2",
+            Scenario::MastersDown(_) => "masters-down-3",
         }
     }
 
@@ -156,11 +180,40 @@ impl Scenario {
             Scenario::LostReplies => {
                 "one holder's proxy swallows the server's answers for longer than the lease"
             }
-            Scenario::ClientCut => "one holder's proxy swallows everything, both ways, past the lease",
+            Scenario::ClientCut => {
+                "one holder's proxy swallows everything, both ways, past the lease"
+            }
             Scenario::ServerPause => {
                 "a private server SIGSTOPped for half the lease, later for twice the lease"
             }
-            Scenario::ServerRestart => "a private server killed (-9) and restarted on its data",
+            Scenario::ServerRestart => {
+                "a private server killed (-9) and restarted on its data (Redis: fsync-always \
+                 append-only file)"
+            }
+            Scenario::LeaderKill => {
+                "3-member cluster in network namespaces: the leader SIGKILLed, restarted later"
+            }
+            Scenario::FollowerKill => {
+                "3-member cluster: a follower SIGKILLed while a client talks only to it, \
+                 restarted later"
+            }
+            Scenario::MemberCut => {
+                "3-member cluster: a follower cut off from its peers (nftables in its namespace) \
+                 while a holder talks only to it, past the session; healed"
+            }
+            Scenario::MemberRestart => {
+                "3-member cluster: each member in turn killed and restarted on its data"
+            }
+            Scenario::MastersDown(1) => {
+                "RedLock over 5 private masters, 1 SIGSTOPped past the lease"
+            }
+            Scenario::MastersDown(2) => {
+                "RedLock over 5 private masters, 2 SIGSTOPped past the lease"
+            }
+            Scenario::MastersDown(_) => {
+                "RedLock over 5 private masters, 3 SIGSTOPped past the lease (no majority: no \
+                 grants until they return)"
+            }
         }
     }
 
@@ -169,35 +222,39 @@ impl Scenario {
         SCENARIOS.iter().copied().find(|s| s.key() == key)
     }
 
+    /// Whether the scenario runs against a cluster the run starts in network namespaces.
+    pub(crate) fn clustered(self) -> bool {
+        matches!(
+            self,
+            Scenario::LeaderKill
+                | Scenario::FollowerKill
+                | Scenario::MemberCut
+                | Scenario::MemberRestart
+        )
+    }
+
     /// Whether it runs on `backend`, or why not.
     pub(crate) fn applies(self, backend: &Backend) -> Result<(), &'static str> {
-        if backend.key == "memory" {
-            return Err("in-process only: client processes cannot share an in-memory store \
-                        (the conformance suite covers it in one process)");
+        let key = backend.key();
+        if key == "memory" {
+            return Err(
+                "in-process only: client processes cannot share an in-memory store \
+                        (the conformance suite covers it in one process)",
+            );
         }
         match self {
-            Scenario::LeaseShrink if !backend.per_lock => Err(
+            Scenario::LeaseShrink if !backend.per_lock() => Err(
                 "grants share the session's lease: there is no per-lock TTL to extend \
                  (extend is Unsupported)",
             ),
-            Scenario::OobDelete if !matches!(backend.key, "redis" | "etcd") => {
-                Err("not done this session: deleting behind the holder is written for Redis and etcd only")
+            Scenario::ServerPause | Scenario::ServerRestart if key == "redlock" => {
+                Err("a master down is the masters-down-k rows")
             }
-            Scenario::ServerPause | Scenario::ServerRestart => match backend.key {
-                "redis" | "etcd" => Ok(()),
-                "mysql" | "mongo" => Err(
-                    "only the shared server is available here, and it must not be faulted \
-                     (other sessions' tests use it)",
-                ),
-                "zk" => Err(
-                    "not done this session: needs a private ZooKeeper (a JVM start per run); \
-                     backend-zk/tests/server_faults covers pause and restart case by case",
-                ),
-                _ => Err(
-                    "not done this session: RedLock with k of N private masters down is the \
-                     cluster follow-up",
-                ),
+            s if s.clustered() => match key {
+                "etcd" | "zk" => Ok(()),
+                _ => Err("etcd and ZooKeeper are the clustered backends"),
             },
+            Scenario::MastersDown(_) if key != "redlock" => Err("RedLock only"),
             _ => Ok(()),
         }
     }

@@ -172,10 +172,7 @@ fn apply(state: &State, request: Request) -> Answer {
             } else {
                 cell.rejected.push(write);
             }
-            Answer {
-                accepted,
-                value: 0,
-            }
+            Answer { accepted, value: 0 }
         }
         Request::Read { name } => Answer {
             accepted: true,
@@ -258,7 +255,10 @@ mod tests {
             .value;
         let cell = resource.snapshot().remove("n").expect("cell");
         assert_eq!(read, 2);
-        assert_eq!((cell.highest, cell.accepted.len(), cell.rejected.len()), (7, 3, 1));
+        assert_eq!(
+            (cell.highest, cell.accepted.len(), cell.rejected.len()),
+            (7, 3, 1)
+        );
         assert_eq!((cell.sets, cell.lost_updates, cell.counter), (3, 1, 2));
         assert_eq!(resource.last_writer("n").map(|w| w.0), Some(1));
     }

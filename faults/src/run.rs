@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock::LockName;
+use distlock_api::backend::testing::Admin;
 use distlock_conformance::{hosts_of, reroute, Proxy};
 use serde::Serialize;
 use tokio::process::{Child, Command};
@@ -19,7 +20,7 @@ use crate::clock;
 use crate::history::{Fault, Rec};
 use crate::matrix::{Backend, Scenario};
 use crate::resource::Resource;
-use crate::servers::{Kind, Private};
+use crate::servers::{Deployment, Kind};
 
 /// Knobs of a run.
 #[derive(Clone, Copy, Debug)]
@@ -82,31 +83,38 @@ async fn run_inner(
     dir: &Path,
 ) -> Result<RunResult, String> {
     let ttl = backend.ttl();
-    let mut server = match scenario {
-        Scenario::ServerPause | Scenario::ServerRestart => Some(
-            Private::start(match backend.key {
-                "redis" => Kind::Redis,
-                _ => Kind::Etcd,
-            })
-            .await?,
-        ),
+    let members = match scenario {
+        Scenario::ServerPause | Scenario::ServerRestart => 1,
+        Scenario::MastersDown(_) => 5,
+        s if s.clustered() => 3,
+        _ => 0,
+    };
+    let mut server = if members > 0 {
+        let kind = Kind::of(backend.key()).ok_or("no server kind for this backend")?;
+        Some(Deployment::start(kind, members).await?)
+    } else {
+        None
+    };
+    // The member a clustered scenario faults while one client talks to it alone.
+    let target = match (&server, scenario) {
+        (Some(d), Scenario::FollowerKill | Scenario::MemberCut) => Some(d.follower().await),
         _ => None,
     };
-    let base_url =
-        backend.with_session(&server.as_ref().map_or_else(|| backend.shared_url(), |s| s.url()));
+    let base_url = backend.with_session(
+        &server
+            .as_ref()
+            .map_or_else(|| backend.shared_url(), Deployment::url),
+    );
     let resource = Resource::start()
         .await
         .map_err(|e| format!("cannot start the resource: {e}"))?;
-    let names: Vec<String> = (0..2)
-        .map(|i| {
-            format!(
-                "faults-{}-{}-{index}-{:08x}-{i}",
-                scenario.key(),
-                std::process::id(),
-                fastrand::u32(..)
-            )
-        })
-        .collect();
+    let prefix = format!(
+        "faults-{}-{}-{index}-{:08x}-",
+        scenario.key(),
+        std::process::id(),
+        fastrand::u32(..)
+    );
+    let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
     let proxied = matches!(scenario, Scenario::LostReplies | Scenario::ClientCut);
     let run_for = match scenario {
         Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => knobs.base,
@@ -115,6 +123,9 @@ async fn run_inner(
         Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
         Scenario::ServerPause => knobs.base + ttl * 4,
         Scenario::ServerRestart => knobs.base + ttl * 3,
+        Scenario::LeaderKill | Scenario::FollowerKill | Scenario::MemberCut => knobs.base + ttl * 4,
+        Scenario::MemberRestart => knobs.base + ttl * 6,
+        Scenario::MastersDown(_) => knobs.base + ttl * 3,
     };
     let (tasks, shared) = match scenario {
         Scenario::SharedHandle => (4, 4),
@@ -140,6 +151,10 @@ async fn run_inner(
         } else {
             base_url.clone()
         };
+        let url = match (&server, target) {
+            (Some(d), Some(t)) if p == 0 => backend.with_session(&d.member_url(t)),
+            _ => url,
+        };
         let config = ClientConfig {
             url,
             names: names.clone(),
@@ -147,7 +162,7 @@ async fn run_inner(
             shared,
             duration_ms: run_for.as_millis() as u64,
             ttl_ms: ttl.as_millis() as u64,
-            per_lock: backend.per_lock,
+            per_lock: backend.per_lock(),
             cancel_storm: scenario == Scenario::CancelStorm,
             lease_shrink: scenario == Scenario::LeaseShrink,
             hold_ms: match scenario {
@@ -254,7 +269,12 @@ async fn run_inner(
         Scenario::OobDelete => {
             for _ in 0..3 {
                 if let Some((pid, name)) = find_holder(&pids).await {
-                    delete_behind(&base_url, &name).await?;
+                    let lock = LockName::new(&name).map_err(|e| e.to_string())?;
+                    admin(backend, &base_url)
+                        .await?
+                        .remove_holder(&lock)
+                        .await
+                        .map_err(|e| format!("cannot delete {name:?} behind its holder: {e}"))?;
                     note(
                         format!("deleted {name:?} on the server while client {pid} held it"),
                         None,
@@ -293,7 +313,7 @@ async fn run_inner(
         Scenario::ServerPause => {
             let s = server.as_mut().ok_or("no private server")?;
             for (i, pause) in [ttl / 2, ttl * 2].into_iter().enumerate() {
-                s.pause()?;
+                s.pause(0)?;
                 note(
                     format!("SIGSTOP server for {} ms", pause.as_millis()),
                     None,
@@ -301,7 +321,7 @@ async fn run_inner(
                     None,
                 );
                 tokio::time::sleep(pause).await;
-                if let Err(e) = s.resume() {
+                if let Err(e) = s.resume(0) {
                     undo_error = Some(e);
                 }
                 note("SIGCONT server".into(), None, true, None);
@@ -312,12 +332,77 @@ async fn run_inner(
         }
         Scenario::ServerRestart => {
             let s = server.as_mut().ok_or("no private server")?;
-            s.kill();
+            s.kill(0);
             note("SIGKILL server".into(), None, false, None);
             tokio::time::sleep(ttl / 2).await;
-            let restarted = s.restart().await;
+            let restarted = s.restart(0).await;
             note("server restarted".into(), None, true, None);
             restarted.map_err(|e| format!("the private server did not come back: {e}"))?;
+        }
+        Scenario::LeaderKill | Scenario::FollowerKill => {
+            let d = server.as_mut().ok_or("no private cluster")?;
+            let victim = match target {
+                Some(t) => t,
+                None => d.leader().await.ok_or("the cluster has no leader")?,
+            };
+            let role = if scenario == Scenario::LeaderKill {
+                "leader"
+            } else {
+                "follower"
+            };
+            d.kill(victim);
+            note(
+                format!("SIGKILL {role} (member {victim})"),
+                None,
+                false,
+                None,
+            );
+            tokio::time::sleep(ttl * 2).await;
+            let restarted = d.restart(victim).await;
+            note(format!("{role} restarted"), None, true, None);
+            restarted.map_err(|e| format!("member {victim} did not come back: {e}"))?;
+        }
+        Scenario::MemberCut => {
+            let d = server.as_mut().ok_or("no private cluster")?;
+            let victim = target.ok_or("no follower to cut off")?;
+            d.cut(victim)?;
+            note(
+                format!("cut follower {victim} off from its peers (client 0 talks only to it)"),
+                None,
+                false,
+                None,
+            );
+            tokio::time::sleep(ttl * 2).await;
+            if let Err(e) = d.heal(victim) {
+                undo_error = Some(e);
+            }
+            note(format!("healed follower {victim}"), None, true, None);
+        }
+        Scenario::MemberRestart => {
+            let d = server.as_mut().ok_or("no private cluster")?;
+            for i in 0..d.len() {
+                d.kill(i);
+                note(format!("SIGKILL member {i}"), None, false, None);
+                tokio::time::sleep(ttl / 2).await;
+                let restarted = d.restart(i).await;
+                note(format!("member {i} restarted"), None, true, None);
+                restarted.map_err(|e| format!("member {i} did not come back: {e}"))?;
+                tokio::time::sleep(ttl / 2).await;
+            }
+        }
+        Scenario::MastersDown(k) => {
+            let d = server.as_mut().ok_or("no private masters")?;
+            for i in 0..k {
+                d.pause(i)?;
+            }
+            note(format!("SIGSTOP {k} of 5 masters"), None, false, None);
+            tokio::time::sleep(ttl * 2).await;
+            for i in 0..k {
+                if let Err(e) = d.resume(i) {
+                    undo_error = Some(e);
+                }
+            }
+            note(format!("SIGCONT {k} masters"), None, true, None);
         }
     }
 
@@ -357,7 +442,7 @@ async fn run_inner(
     let run_end = clock::now();
     drop(routes);
 
-    let residue = residue(backend, &base_url, &names, ttl).await;
+    let residue = residue(backend, &base_url, &prefix, &names, ttl).await;
     let faults = faults.lock().expect("faults").clone();
     let recs = read_histories(dir)?;
     let expect = Expect {
@@ -393,65 +478,53 @@ fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
         if path.extension().is_none_or(|e| e != "jsonl") {
             continue;
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         for line in text.lines() {
             // A killed process may leave a half-written last line; nothing else is skipped.
             match serde_json::from_str::<Rec>(line) {
                 Ok(r) => recs.push(r),
                 Err(_) if !text.ends_with('\n') && text.lines().last() == Some(line) => {}
-                Err(e) => return Err(format!("{}: bad history line {line:?}: {e}", path.display())),
+                Err(e) => {
+                    return Err(format!(
+                        "{}: bad history line {line:?}: {e}",
+                        path.display()
+                    ))
+                }
             }
         }
     }
     Ok(recs)
 }
 
-/// Deletes `name`'s lock on the server, behind its holder's back.
-async fn delete_behind(url: &str, name: &str) -> Result<(), String> {
-    let lock = LockName::new(name).map_err(|e| e.to_string())?;
-    if url.starts_with("redis://") {
-        use distlock::redis::redis::AsyncCommands;
-        let config = distlock::redis::RedisConfig::from_url(url).map_err(|e| e.to_string())?;
-        let client = distlock::redis::redis::Client::open(url.split('?').next().unwrap_or(url))
-            .map_err(|e| e.to_string())?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        let _: i64 = conn
-            .del(config.lock_key(&lock))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    } else if url.starts_with("etcd://") {
-        use distlock::etcd::etcd_client::{Client, DeleteOptions};
-        let config = distlock::etcd::EtcdConfig::from_url(url).map_err(|e| e.to_string())?;
-        let mut client = Client::connect(config.endpoints(), None)
-            .await
-            .map_err(|e| e.to_string())?;
-        client
-            .delete(
-                config.lock_dir(&lock),
-                Some(DeleteOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(())
-    } else {
-        Err(format!("no out-of-band delete for {url}"))
-    }
+/// The backend's test-only admin for the server(s) at `url`.
+async fn admin(backend: &Backend, url: &str) -> Result<Arc<dyn Admin>, String> {
+    let make = backend
+        .admin
+        .ok_or_else(|| format!("{} has no server to act on", backend.key()))?;
+    make(url.to_string())
+        .await
+        .map_err(|e| format!("cannot reach {url} as its admin: {e}"))
 }
 
-/// What is left on the server once every lease has run out: a holder seen by `inspect`, and
-/// where it is easy to look, the backend's own keys.
-async fn residue(backend: &Backend, url: &str, names: &[String], ttl: Duration) -> Vec<String> {
+/// What is left on the server once every lease has run out: a holder `inspect` still sees
+/// (after waiting out the leases of killed or cut-off holders), and what the backend's admin
+/// finds under the run's name prefix (keys, rows, documents, nodes, leases, waiters).
+async fn residue(
+    backend: &Backend,
+    url: &str,
+    prefix: &str,
+    names: &[String],
+    ttl: Duration,
+) -> Vec<String> {
     let mut left = Vec::new();
     let handle = match distlock::connect(url).await {
         Ok(h) => h,
         Err(e) => return vec![format!("cannot connect to look for residue: {e}")],
     };
     // A killed or cut-off holder's lease has to run out first (sessions: the session timeout).
-    let until = Instant::now() + ttl * 3 + Duration::from_secs(3);
+    let patience = ttl * 3 + Duration::from_secs(3);
+    let until = Instant::now() + patience;
     for name in names {
         let Ok(lock) = LockName::new(name) else {
             continue;
@@ -461,10 +534,8 @@ async fn residue(backend: &Backend, url: &str, names: &[String], ttl: Duration) 
                 Ok(None) => break,
                 Ok(Some(info)) if Instant::now() >= until => {
                     left.push(format!(
-                        "{name:?} still held by {} (token {}) {:?} after the run",
-                        info.owner,
-                        info.token,
-                        ttl * 3 + Duration::from_secs(3)
+                        "{name:?} still held by {} (token {}) {patience:?} after the run",
+                        info.owner, info.token,
                     ));
                     break;
                 }
@@ -476,68 +547,25 @@ async fn residue(backend: &Backend, url: &str, names: &[String], ttl: Duration) 
             }
         }
     }
-    left.extend(backend_residue(backend, url, names).await);
-    left
-}
-
-/// Keys the backend leaves where `inspect` does not look (waiter entries, lock hashes without
-/// a holder).
-async fn backend_residue(backend: &Backend, url: &str, names: &[String]) -> Vec<String> {
-    let mut left = Vec::new();
-    match backend.key {
-        "redis" => {
-            let Ok(config) = distlock::redis::RedisConfig::from_url(url) else {
-                return left;
-            };
-            let Ok(client) = distlock::redis::redis::Client::open(url.split('?').next().unwrap_or(url))
-            else {
-                return left;
-            };
-            let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-                return vec!["cannot connect to redis to look for residue".into()];
-            };
-            for name in names {
-                let pattern = config.key_pattern(name);
-                let keys: Vec<String> = distlock::redis::redis::cmd("KEYS")
-                    .arg(&pattern)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap_or_default();
-                for key in keys {
-                    // The fencing counter outlives every grant on purpose.
-                    if config.parse_key(&key).is_some_and(|(_, kind)| kind != "fence") {
-                        left.push(format!("redis key {key:?} left"));
-                    }
+    drop(handle);
+    // Waiter entries and the like go with their clients' sessions and leases: wait for them
+    // the same way before calling them residue.
+    match admin(backend, url).await {
+        Ok(admin) => loop {
+            match admin.leftovers(prefix).await {
+                Ok(found) if found.is_empty() => break,
+                Ok(found) if Instant::now() >= until => {
+                    left.extend(found);
+                    break;
                 }
-            }
-        }
-        "etcd" => {
-            use distlock::etcd::etcd_client::{Client, GetOptions};
-            let Ok(config) = distlock::etcd::EtcdConfig::from_url(url) else {
-                return left;
-            };
-            let Ok(mut client) = Client::connect(config.endpoints(), None).await else {
-                return vec!["cannot connect to etcd to look for residue".into()];
-            };
-            for name in names {
-                let Ok(lock) = LockName::new(name) else {
-                    continue;
-                };
-                let dir = config.lock_dir(&lock);
-                if let Ok(resp) = client
-                    .get(
-                        dir.clone(),
-                        Some(GetOptions::new().with_prefix().with_keys_only()),
-                    )
-                    .await
-                {
-                    for kv in resp.kvs() {
-                        left.push(format!("etcd key {:?} left", String::from_utf8_lossy(kv.key())));
-                    }
+                Err(e) if Instant::now() >= until => {
+                    left.push(format!("listing leftovers failed: {e}"));
+                    break;
                 }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
-        }
-        _ => {}
+        },
+        Err(e) => left.push(e),
     }
     left
 }
