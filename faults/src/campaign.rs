@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::matrix::{backends, Backend, Scenario, SCENARIOS};
 use crate::run::{self, Knobs, RunResult};
+use crate::servers;
 
 /// The command line, with every backend and scenario.
 pub(crate) fn usage() -> String {
@@ -128,6 +129,7 @@ struct CellResult {
 /// or a failed run.
 pub(crate) async fn run(o: Options) -> Result<bool, String> {
     let started = Instant::now();
+    servers::sweep_stale();
     let knobs = Knobs {
         procs: 3,
         // Short runs, many of them: a full campaign of 10 runs per cell fits in about 2 hours
