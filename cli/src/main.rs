@@ -1,0 +1,368 @@
+//! `distlock`: run a command while holding a distributed lock, like `flock(1)` across machines,
+//! and see who holds a lock. Every backend of the `distlock` facade, picked by URL.
+//!
+//! ```text
+//! distlock --url redis://127.0.0.1:6379 run --name nightly-report --wait 30s -- ./report.sh
+//! distlock --url redis://127.0.0.1:6379 holder nightly-report --json
+//! ```
+//!
+//! Exit codes of `run` (the table is in [`code`]): the command's own status when it ran (128+N
+//! when signal N killed it), 124 when the lock was not acquired within `--wait`, 123 when the
+//! lock was lost while the command ran (the command got SIGTERM, then SIGKILL after `--grace`),
+//! 69 when the server was unavailable, 64 for bad arguments, 125 for any other failure of
+//! `distlock` itself, 126/127 when the command could not be run / was not found.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitCode, ExitStatus};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use distlock::config::parse_duration;
+use distlock::{DistributedLock, Error, ErrorKind, LockExt, LockInfo, LockOptions};
+use std::task::Poll;
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// The exit codes, following `timeout(1)` and `sysexits.h` where they have one.
+pub mod code {
+    /// Bad arguments: an unknown option, a malformed URL, name or duration (`EX_USAGE`).
+    pub const USAGE: u8 = 64;
+    /// The server could not be reached within the connect timeout (`EX_UNAVAILABLE`).
+    pub const UNAVAILABLE: u8 = 69;
+    /// The lock was lost while the command ran; the command was terminated.
+    pub const LOST: u8 = 123;
+    /// The lock was not acquired within `--wait` (or was held, with `--no-wait`), as
+    /// `timeout(1)` exits 124 when the time ran out.
+    pub const NOT_ACQUIRED: u8 = 124;
+    /// Any other failure of `distlock` itself (a backend error).
+    pub const FAILED: u8 = 125;
+    /// The command was found but could not be run.
+    pub const CANNOT_RUN: u8 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: u8 = 127;
+    /// `holder`: nobody holds the lock.
+    pub const FREE: u8 = 1;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Run a command while holding a distributed lock"
+)]
+struct Cli {
+    /// The lock server: redis://, redlock://, mysql://, mariadb://, mongodb://, zk://, etcd://
+    /// (see the distlock crate's `connect`).
+    #[arg(long, env = "DISTLOCK_URL", global = true)]
+    url: Option<String>,
+    /// Machine-readable output: one JSON object per report.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs a command while holding the lock; the lock is renewed while it runs and released
+    /// when it exits. The command gets DISTLOCK_NAME and DISTLOCK_TOKEN (the fencing token).
+    Run(RunArgs),
+    /// Shows who holds a lock: owner, hold count, fencing token, lease left. Exits 1 when
+    /// nobody holds it.
+    Holder {
+        /// The lock name.
+        name: String,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The lock name.
+    #[arg(long, short)]
+    name: String,
+    /// How long to wait for the lock (e.g. 30s, 500ms, 2m); by default as long as it takes.
+    #[arg(long, short, value_parser = duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Try once: exit 124 at once if someone else holds the lock.
+    #[arg(long, short = 'N')]
+    no_wait: bool,
+    /// The lease, renewed every third of it while the command runs (the client's default
+    /// otherwise). A holder that stops (a paused machine) loses the lock after this long.
+    #[arg(long, value_parser = duration)]
+    ttl: Option<Duration>,
+    /// How long a command whose lock was lost has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    grace: Duration,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    command: Vec<OsString>,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).ok_or_else(|| {
+        format!("{text:?} is not a duration: a number with ms, s, m or h (e.g. 500ms, 30s)")
+    })
+}
+
+/// How `distlock` ends: with a status, after saying why on stderr.
+struct Exit(u8);
+
+fn fail(e: &Error, json: bool) -> Exit {
+    let status = match e.kind() {
+        ErrorKind::InvalidArgument | ErrorKind::Unsupported => code::USAGE,
+        ErrorKind::Unavailable => code::UNAVAILABLE,
+        ErrorKind::Timeout => code::NOT_ACQUIRED,
+        ErrorKind::Lost => code::LOST,
+        _ => code::FAILED,
+    };
+    report(
+        json,
+        serde_json::json!({"event": "error", "kind": e.kind().to_string(), "message": e.to_string()}),
+        &format!("distlock: {e}"),
+    );
+    Exit(status)
+}
+
+/// One report on stderr: the JSON object with `--json`, the text otherwise.
+fn report(json: bool, object: serde_json::Value, text: &str) {
+    if json {
+        eprintln!("{object}");
+    } else {
+        eprintln!("{text}");
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { code::USAGE } else { 0 });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("distlock: cannot start the async runtime: {e}");
+            return ExitCode::from(code::FAILED);
+        }
+    };
+    let Exit(status) = runtime.block_on(main_async(cli));
+    // The lock's background tasks (renewals, a give-back in flight) end with the runtime.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    ExitCode::from(status)
+}
+
+async fn main_async(cli: Cli) -> Exit {
+    let Some(url) = cli.url.as_deref() else {
+        eprintln!("distlock: no lock server: pass --url or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
+        return Exit(code::USAGE);
+    };
+    // Arguments are checked before any I/O.
+    let name = match &cli.command {
+        Command::Run(args) => &args.name,
+        Command::Holder { name } => name,
+    };
+    if let Err(e) = distlock::LockName::new(name) {
+        return fail(&e, cli.json);
+    }
+    let locks = match distlock::connect(url).await {
+        Ok(l) => l,
+        Err(e) => return fail(&e, cli.json),
+    };
+    match cli.command {
+        Command::Run(args) => run(&locks, args, cli.json).await,
+        Command::Holder { name } => holder(&locks, &name, cli.json).await,
+    }
+}
+
+async fn holder(locks: &Arc<dyn DistributedLock>, name: &str, json: bool) -> Exit {
+    let info = match locks.holder(name).await {
+        Ok(info) => info,
+        Err(e) => return fail(&e, json),
+    };
+    if json {
+        println!("{}", holder_json(name, info.as_ref()));
+    } else {
+        match &info {
+            None => println!("{name}: free"),
+            Some(i) => {
+                let lease = match i.remaining {
+                    Some(d) => format!("{:.1}s left", d.as_secs_f64()),
+                    None => "kept by the holder's session".to_string(),
+                };
+                println!(
+                    "{name}: held by {}\n  hold count {}, fencing token {}, lease {lease}",
+                    i.owner, i.hold_count, i.token
+                );
+            }
+        }
+    }
+    Exit(if info.is_some() { 0 } else { code::FREE })
+}
+
+fn holder_json(name: &str, info: Option<&LockInfo>) -> serde_json::Value {
+    match info {
+        None => serde_json::json!({"name": name, "held": false}),
+        Some(i) => serde_json::json!({
+            "name": name,
+            "held": true,
+            "owner": i.owner.to_string(),
+            "hold_count": i.hold_count,
+            "token": i.token.0,
+            "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
+        }),
+    }
+}
+
+/// The signals `distlock run` passes on to the command, with their numbers on Linux.
+const FORWARDED: [(&str, i32); 6] = [
+    ("HUP", 1),
+    ("INT", 2),
+    ("QUIT", 3),
+    ("USR1", 10),
+    ("USR2", 12),
+    ("TERM", 15),
+];
+
+async fn run(locks: &Arc<dyn DistributedLock>, args: RunArgs, json: bool) -> Exit {
+    // Listen before acquiring, so that a signal while waiting ends the wait instead of
+    // killing distlock with the lock half taken.
+    let mut signals = Vec::new();
+    for (label, number) in FORWARDED {
+        match signal(SignalKind::from_raw(number)) {
+            Ok(s) => signals.push((label, number, s)),
+            Err(e) => {
+                eprintln!("distlock: cannot listen for SIG{label}: {e}");
+                return Exit(code::FAILED);
+            }
+        }
+    }
+    let mut options = LockOptions::new();
+    if let Some(ttl) = args.ttl {
+        options = options.watchdog_ttl(ttl);
+    }
+    let acquired = if args.no_wait {
+        locks
+            .try_lock_with(&args.name, &options)
+            .await
+            .map(|g| g.ok_or(()))
+    } else {
+        let options = options.wait(args.wait.unwrap_or(distlock::MAX_WAIT));
+        tokio::select! {
+            got = locks.lock_with(&args.name, &options) => got.map(Ok),
+            (label, number) = next_signal(&mut signals) => {
+                eprintln!("distlock: SIG{label} while waiting for {}; not running the command", args.name);
+                return Exit(128 + number as u8);
+            }
+        }
+    };
+    let guard = match acquired {
+        Ok(Ok(g)) => g,
+        Ok(Err(())) => {
+            report(
+                json,
+                serde_json::json!({"event": "not-acquired", "name": args.name}),
+                &format!("distlock: {} is held by someone else", args.name),
+            );
+            return Exit(code::NOT_ACQUIRED);
+        }
+        Err(e) => return fail(&e, json),
+    };
+    let token = guard.token();
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut child = match tokio::process::Command::new(program)
+        .args(rest)
+        .env("DISTLOCK_NAME", &args.name)
+        .env("DISTLOCK_TOKEN", token.to_string())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                code::NOT_FOUND
+            } else {
+                code::CANNOT_RUN
+            };
+            eprintln!("distlock: cannot run {}: {e}", program.to_string_lossy());
+            let _ = guard.release().await;
+            return Exit(status);
+        }
+    };
+    let pid = child.id().unwrap_or(0);
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let status = loop {
+        tokio::select! {
+            biased;
+            status = child.wait() => break status,
+            (label, _) = next_signal(&mut signals) => send(pid, label).await,
+            reason = &mut lost => {
+                report(
+                    json,
+                    serde_json::json!({"event": "lost", "name": args.name, "token": token.0, "reason": reason.to_string()}),
+                    &format!("distlock: lost {} ({reason}); stopping the command", args.name),
+                );
+                send(pid, "TERM").await;
+                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
+                    send(pid, "KILL").await;
+                    let _ = child.wait().await;
+                }
+                return Exit(code::LOST);
+            }
+        }
+    };
+    // The command ended while the lock was held: give it back and pass the command's status on.
+    if let Err(e) = guard.release().await {
+        eprintln!(
+            "distlock: releasing {}: {e} (its lease runs out by itself)",
+            args.name
+        );
+    }
+    match status {
+        Ok(s) => Exit(exit_code(s)),
+        Err(e) => {
+            eprintln!("distlock: waiting for the command: {e}");
+            Exit(code::FAILED)
+        }
+    }
+}
+
+/// The next forwarded signal's name and number.
+async fn next_signal(signals: &mut [(&'static str, i32, Signal)]) -> (&'static str, i32) {
+    std::future::poll_fn(|cx| {
+        for (label, number, s) in signals.iter_mut() {
+            if s.poll_recv(cx).is_ready() {
+                return Poll::Ready((*label, *number));
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Sends SIG`label` to `pid` with kill(1) (the workspace forbids `unsafe`, so no libc::kill).
+async fn send(pid: u32, label: &str) {
+    if pid == 0 {
+        return;
+    }
+    let _ = tokio::process::Command::new("kill")
+        .args(["-s", label, &pid.to_string()])
+        .status()
+        .await;
+}
+
+/// The command's status as an exit code: its own code, or 128+N if signal N ended it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
+        (None, None) => code::FAILED,
+    }
+}
