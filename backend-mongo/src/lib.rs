@@ -27,7 +27,7 @@ pub(crate) const BACKEND: &str = "mongo";
 pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
     id: BACKEND,
     label: "MongoDB",
-    schemes: &["mongodb"],
+    schemes: &["mongodb", "mongodb+srv"],
     test_url_var: "DISTLOCK_MONGO_URL",
     test_url_default: "mongodb://127.0.0.1:27017",
     capabilities: CAPABILITIES,

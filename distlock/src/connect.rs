@@ -45,7 +45,7 @@ fn known() -> [Known; 6] {
         },
         Known {
             feature: "mongo",
-            schemes: &["mongodb"],
+            schemes: &["mongodb", "mongodb+srv"],
             descriptor: descriptor!("mongo", distlock_mongo::DESCRIPTOR),
         },
         Known {
@@ -94,7 +94,7 @@ pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
 /// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
 /// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL/MariaDB | `mysql` |
-/// | `mongodb://host:27017/db` | MongoDB | `mongo` |
+/// | `mongodb://host:27017/db`, `mongodb+srv://cluster.example.com/db` | MongoDB | `mongo` |
 /// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zk` |
 /// | `etcd://h1:2379,h2:2379` | etcd | `etcd` |
 ///

@@ -85,3 +85,16 @@ async fn closed_port_is_unavailable_within_the_connect_timeout() {
         assert!(took < Duration::from_secs(5), "{url} took {took:?}");
     }
 }
+
+/// `mongodb+srv://` is the MongoDB backend's: an SRV name that does not resolve is a server
+/// that cannot be reached, not an unknown scheme.
+#[cfg(feature = "mongo")]
+#[tokio::test]
+async fn mongodb_srv_urls_reach_the_mongo_backend() {
+    let url = "mongodb+srv://cluster0.distlock-test.invalid/locks?connect_timeout=1s";
+    let e = match distlock::connect(url).await {
+        Err(e) => e,
+        Ok(_) => panic!("{url} connected"),
+    };
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{url}: {e}");
+}
