@@ -116,6 +116,7 @@ struct CellResult {
     fenced_off: usize,
     late_writes: usize,
     unfenced_lost_updates: u64,
+    token_restarts: usize,
     recover_ms: Option<f64>,
     unrecovered: usize,
     grants_during_faults: usize,
@@ -157,6 +158,7 @@ pub(crate) async fn run(o: Options) -> Result<bool, String> {
                 fenced_off: 0,
                 late_writes: 0,
                 unfenced_lost_updates: 0,
+                token_restarts: 0,
                 recover_ms: None,
                 unrecovered: 0,
                 grants_during_faults: 0,
@@ -185,6 +187,7 @@ pub(crate) async fn run(o: Options) -> Result<bool, String> {
                 cell.fenced_off += c.fenced_off;
                 cell.late_writes += c.late_writes;
                 cell.unfenced_lost_updates += c.unfenced_lost_updates;
+                cell.token_restarts += c.token_restarts;
                 cell.unrecovered += c.unrecovered;
                 cell.grants_during_faults += c.grants_during_faults;
                 if let Some(ms) = c.recover_ms {
@@ -308,6 +311,14 @@ fn write_report(o: &Options, cells: &[CellResult], wall: Duration) -> Result<(),
                 "{} counter update(s) lost to a holder that had not yet learned of the fault \
                  (expected: the counter is the unfenced resource)",
                 c.unfenced_lost_updates
+            ));
+        }
+        if c.token_restarts > 0 {
+            notes.push(format!(
+                "{} name(s) whose tokens started again at 1 after the restart without \
+                 persistence (expected: volatile fencing; the register refused the new holders' \
+                 writes)",
+                c.token_restarts
             ));
         }
         if c.unrecovered > 0 {

@@ -29,6 +29,11 @@ pub(crate) struct Expect {
     /// it stopped lands after its lease — the unfenced counter cannot be protected by any lock,
     /// so its lost updates are counted, not called violations.
     pub(crate) client_pause: bool,
+    /// The server restarted without its data (volatile fencing): tokens granted after the
+    /// kill (the server grants nothing until it is back, empty) start again at 1. Such a fall across a restart is counted, not called a
+    /// violation; the register refuses the new holders' writes, which is what volatile
+    /// fencing means. A fall with no restart in between is still a violation.
+    pub(crate) volatile_restart: bool,
 }
 
 /// One grant, with its believed interval.
@@ -64,6 +69,8 @@ pub(crate) struct Checked {
     /// was deleted behind its back ([`Expect::oob_delete`]). Only fencing protects against
     /// either; the counter is the resource without it.
     pub(crate) unfenced_lost_updates: u64,
+    /// Token falls across a restart of a server without persistence ([`Expect::volatile_restart`]).
+    pub(crate) token_restarts: usize,
     /// The longest time from a fault's end to the next grant, in ms; `None` when the run had
     /// no fault to recover from.
     pub(crate) recover_ms: Option<f64>,
@@ -214,7 +221,11 @@ pub(crate) fn check(
         let mut last: Option<&Grant> = None;
         for g in gs.iter().filter(|g| g.end > g.start) {
             if let Some(p) = last {
-                if g.token <= p.token {
+                let restarted_between = expect.volatile_restart
+                    && faults.iter().any(|f| p.start < f.at && f.at < g.start);
+                if g.token <= p.token && restarted_between {
+                    out.token_restarts += 1;
+                } else if g.token <= p.token {
                     out.violations.push(format!(
                         "fencing on {name:?}: {} got token {} after {} had {}\n{}{}",
                         g.id,
@@ -398,5 +409,36 @@ mod tests {
             1,
             "granted while the killed one still believed"
         );
+    }
+
+    #[test]
+    fn tokens_restarting_after_a_volatile_restart_are_counted_not_violations() {
+        let h = [
+            acquire(1, 1, 7, 10),
+            end(1, 1, 20),
+            acquire(2, 1, 1, 60),
+            end(2, 1, 70),
+            acquire(3, 1, 1, 80),
+            end(3, 1, 90),
+        ];
+        let restart = [Fault {
+            at: 50,
+            what: "server restarted empty".into(),
+            killed: None,
+            recover_from: true,
+            deleted: None,
+        }];
+        let volatile = Expect {
+            volatile_restart: true,
+            ..Expect::default()
+        };
+        let c = check(&h, &restart, &BTreeMap::new(), 100, volatile);
+        assert_eq!(c.token_restarts, 1, "7 then 1 across the restart");
+        // 1 then 1 with no restart in between is still a violation.
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert!(c.violations[0].starts_with("fencing"));
+        // Without the expectation, the fall across the restart is a violation too.
+        let c = check(&h, &restart, &BTreeMap::new(), 100, Expect::default());
+        assert_eq!((c.token_restarts, c.violations.len()), (0, 2));
     }
 }

@@ -109,6 +109,8 @@ pub(crate) enum Scenario {
     ClientCut,
     ServerPause,
     ServerRestart,
+    /// Redis without persistence, killed and restarted empty after the longest lease.
+    ServerRestartVolatile,
     LeaderKill,
     FollowerKill,
     MemberCut,
@@ -130,6 +132,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::ClientCut,
     Scenario::ServerPause,
     Scenario::ServerRestart,
+    Scenario::ServerRestartVolatile,
     Scenario::LeaderKill,
     Scenario::FollowerKill,
     Scenario::MemberCut,
@@ -154,6 +157,7 @@ impl Scenario {
             Scenario::ClientCut => "client-cut",
             Scenario::ServerPause => "server-pause",
             Scenario::ServerRestart => "server-restart",
+            Scenario::ServerRestartVolatile => "server-restart-volatile",
             Scenario::LeaderKill => "leader-kill",
             Scenario::FollowerKill => "follower-kill",
             Scenario::MemberCut => "member-cut",
@@ -189,6 +193,11 @@ impl Scenario {
             Scenario::ServerRestart => {
                 "a private server killed (-9) and restarted on its data (Redis: fsync-always \
                  append-only file)"
+            }
+            Scenario::ServerRestartVolatile => {
+                "a private Redis without persistence killed (-9) and restarted empty once the \
+                 lease has passed, the restart delay a volatile lock server needs: exclusion \
+                 must hold; tokens start again at 1 (volatile fencing), which the register refuses"
             }
             Scenario::LeaderKill => {
                 "3-member cluster in network namespaces: the leader SIGKILLed, restarted later"
@@ -249,6 +258,9 @@ impl Scenario {
             ),
             Scenario::ServerPause | Scenario::ServerRestart if key == "redlock" => {
                 Err("a master down is the masters-down-k rows")
+            }
+            Scenario::ServerRestartVolatile if key != "redis" => {
+                Err("its server always keeps its data (a restart without persistence is Redis's)")
             }
             s if s.clustered() => match key {
                 "etcd" | "zk" => Ok(()),

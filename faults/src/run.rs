@@ -84,14 +84,15 @@ async fn run_inner(
 ) -> Result<RunResult, String> {
     let ttl = backend.ttl();
     let members = match scenario {
-        Scenario::ServerPause | Scenario::ServerRestart => 1,
+        Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
         Scenario::MastersDown(_) => 5,
         s if s.clustered() => 3,
         _ => 0,
     };
     let mut server = if members > 0 {
         let kind = Kind::of(backend.key()).ok_or("no server kind for this backend")?;
-        Some(Deployment::start(kind, members).await?)
+        let volatile = scenario == Scenario::ServerRestartVolatile;
+        Some(Deployment::start(kind, members, volatile).await?)
     } else {
         None
     };
@@ -123,6 +124,7 @@ async fn run_inner(
         Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
         Scenario::ServerPause => knobs.base + ttl * 4,
         Scenario::ServerRestart => knobs.base + ttl * 3,
+        Scenario::ServerRestartVolatile => knobs.base + ttl * 4,
         Scenario::LeaderKill | Scenario::FollowerKill | Scenario::MemberCut => knobs.base + ttl * 4,
         Scenario::MemberRestart => knobs.base + ttl * 6,
         Scenario::MastersDown(_) => knobs.base + ttl * 3,
@@ -339,6 +341,17 @@ async fn run_inner(
             note("server restarted".into(), None, true, None);
             restarted.map_err(|e| format!("the private server did not come back: {e}"))?;
         }
+        Scenario::ServerRestartVolatile => {
+            let s = server.as_mut().ok_or("no private server")?;
+            s.kill(0);
+            note("SIGKILL server (no persistence)".into(), None, false, None);
+            // Down until every holder's lease, renewed or not, has run out: whoever believed
+            // it held has stopped believing before the empty server grants again.
+            tokio::time::sleep(ttl + ttl / 2).await;
+            let restarted = s.restart(0).await;
+            note("server restarted empty".into(), None, true, None);
+            restarted.map_err(|e| format!("the private server did not come back: {e}"))?;
+        }
         Scenario::LeaderKill | Scenario::FollowerKill => {
             let d = server.as_mut().ok_or("no private cluster")?;
             let victim = match target {
@@ -449,6 +462,7 @@ async fn run_inner(
         oob_delete: scenario == Scenario::OobDelete,
         allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
         client_pause: scenario == Scenario::HolderPause,
+        volatile_restart: scenario == Scenario::ServerRestartVolatile,
     };
     let checked = checker::check(&recs, &faults, &resource.snapshot(), run_end, expect);
     drop(server);

@@ -75,6 +75,8 @@ pub(crate) struct Deployment {
     bridge: String,
     members: Vec<Member>,
     dir: PathBuf,
+    /// Redis only: no append-only file, so a restart starts empty.
+    volatile: bool,
 }
 
 /// Runs `ip` with `args`; the error has its stderr.
@@ -145,7 +147,8 @@ fn ask(addr: SocketAddr, line: &[u8]) -> Option<String> {
 impl Deployment {
     /// Starts `n` members of `kind` (a cluster for etcd and ZooKeeper, independent masters for
     /// Redis) and waits until every one serves; the error says why not.
-    pub(crate) async fn start(kind: Kind, n: usize) -> Result<Self, String> {
+    /// A `volatile` Redis keeps no append-only file (other kinds always persist).
+    pub(crate) async fn start(kind: Kind, n: usize, volatile: bool) -> Result<Self, String> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
         // A /24 of its own per deployment; a taken bridge name moves on to the next.
@@ -169,6 +172,7 @@ impl Deployment {
             bridge: bridge.clone(),
             members: Vec::new(),
             dir,
+            volatile,
         };
         ip(&[
             "addr",
@@ -337,7 +341,11 @@ impl Deployment {
                     "--save",
                     "",
                 ])
-                .args(["--appendonly", "yes", "--appendfsync", "always"])
+                .args(if self.volatile {
+                    ["--appendonly", "no", "--appendfsync", "no"]
+                } else {
+                    ["--appendonly", "yes", "--appendfsync", "always"]
+                })
                 .args(["--protected-mode", "no", "--dir"])
                 .arg(&data);
             }
