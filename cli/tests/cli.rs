@@ -82,6 +82,21 @@ fn holding(name: &str, dir: &Path, extra: &[&str]) -> Child {
     child
 }
 
+/// Deletes `name`'s lock on the server, as an operator or a bug would.
+fn delete_behind_its_back(name: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let admin = redis_admin(url()).await.unwrap();
+        admin
+            .remove_holder(&LockName::new(name).unwrap())
+            .await
+            .unwrap();
+    });
+}
+
 fn stop(mut child: Child) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -207,17 +222,7 @@ fn a_lost_lock_stops_the_command() {
     }
     let (name, dir) = scratch("lost");
     let holder = holding(&name, &dir, &["--ttl", "1500ms", "--grace", "5s"]);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let admin = redis_admin(url()).await.unwrap();
-        admin
-            .remove_holder(&LockName::new(&name).unwrap())
-            .await
-            .unwrap();
-    });
+    delete_behind_its_back(&name);
     // The next renewal (every third of the lease) finds the lock gone.
     let out = holder.wait_with_output().unwrap();
     assert_eq!(code(&out), 123, "{}", String::from_utf8_lossy(&out.stderr));
@@ -247,17 +252,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     .spawn()
     .unwrap();
     wait_for(&dir.join("ready"), "ready");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let admin = redis_admin(url()).await.unwrap();
-        admin
-            .remove_holder(&LockName::new(&name).unwrap())
-            .await
-            .unwrap();
-    });
+    delete_behind_its_back(&name);
     let out = child.wait_with_output().unwrap();
     assert_eq!(code(&out), 123, "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(dir);
