@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock::LockName;
+use distlock::{ErrorKind, LockName};
 use distlock_api::backend::testing::Admin;
 use distlock_conformance::{hosts_of, reroute, Proxy};
 use serde::Serialize;
@@ -272,17 +272,26 @@ async fn run_inner(
             for _ in 0..3 {
                 if let Some((pid, name)) = find_holder(&pids).await {
                     let lock = LockName::new(&name).map_err(|e| e.to_string())?;
-                    admin(backend, &base_url)
-                        .await?
-                        .remove_holder(&lock)
-                        .await
-                        .map_err(|e| format!("cannot delete {name:?} behind its holder: {e}"))?;
-                    note(
-                        format!("deleted {name:?} on the server while client {pid} held it"),
-                        None,
-                        false,
-                        Some(name),
-                    );
+                    let admin = admin(backend, &base_url).await?;
+                    // The deletion counts from when it was sent: the next holder can be granted
+                    // before its answer is back.
+                    let sent = clock::now();
+                    match admin.remove_holder(&lock).await {
+                        Ok(()) => faults.lock().expect("faults").push(Fault {
+                            at: sent,
+                            what: format!(
+                                "deleted {name:?} on the server while client {pid} held it"
+                            ),
+                            killed: None,
+                            recover_from: false,
+                            deleted: Some(name),
+                        }),
+                        // Released between the look and the delete: nothing to delete this time.
+                        Err(e) if e.kind() == ErrorKind::InvalidArgument => {}
+                        Err(e) => {
+                            return Err(format!("cannot delete {name:?} behind its holder: {e}"))
+                        }
+                    }
                 }
                 tokio::time::sleep(ttl).await;
             }
