@@ -46,7 +46,8 @@ struct Grant {
     start: u64,
     end: u64,
     why: String,
-    /// Its guard reported the lock lost (the end came from `lost()` or a failed renewal).
+    /// Its guard learned the lock was lost: `lost()` fired (or a renewal failed), its release
+    /// answered not held, or the register refused one of its writes.
     lost: bool,
 }
 
@@ -136,8 +137,15 @@ pub(crate) fn check(
             Rec::End { end, why, lost, .. } => Some((*end, why.clone(), lost.is_some())),
             _ => None,
         });
+        // The guard learned its hold was gone: `lost()` fired, its release found the lock no
+        // longer its own, or the register refused one of its writes (a later token got there).
+        let learned = by_id[id].iter().any(|r| match r {
+            Rec::Release { result, .. } => result == "not_held",
+            Rec::Write { accepted, .. } => !accepted,
+            _ => false,
+        });
         let (end, why, lost) = match (ended, killed.get(&id.pid)) {
-            (Some(e), _) => e,
+            (Some((end, why, lost)), _) => (end, why, lost || learned),
             (None, Some(&at)) => (at, "process killed".to_string(), false),
             (None, None) => (run_end, "no end recorded: the run's end".to_string(), false),
         };
@@ -505,5 +513,38 @@ mod tests {
         ];
         let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
         assert_eq!(c.violations.len(), 2, "{:?}", c.violations);
+        // A victim learns of the deletion as well when its release finds the lock not its own,
+        // or when the register refuses its write: both make the overlap the expected race.
+        let victim = OpId {
+            pid: 1,
+            task: 0,
+            seq: 1,
+        };
+        let not_held = Rec::Release {
+            id: victim,
+            invoke: 60,
+            complete: 61,
+            result: "not_held".into(),
+        };
+        let refused = Rec::Write {
+            id: victim,
+            name: "n".into(),
+            token: 5,
+            invoke: 50,
+            complete: 51,
+            accepted: false,
+        };
+        for learned in [not_held, refused] {
+            let h = [
+                acquire(2, 1, 6, 20),
+                end(2, 1, 90),
+                acquire(1, 1, 5, 21),
+                end(1, 1, 60),
+                learned,
+            ];
+            let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
+            assert!(c.violations.is_empty(), "{:?}", c.violations);
+            assert_eq!(c.expected_overlaps, 1);
+        }
     }
 }
