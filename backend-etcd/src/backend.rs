@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use distlock_api::backend::wait::{self, Attempt, Waiting};
 use distlock_api::backend::{AcquireRequest, ClientCore};
 use distlock_api::{
-    Blocking, Capabilities, DistributedLock, Error, Fencing, Grant, LeaseKind, LockInfo, LockName,
-    LostReason, Result, TtlSupport,
+    Blocking, Capabilities, DistributedLock, Error, Fencing, FencingToken, Grant, LeaseKind,
+    LockInfo, LockName, LostReason, Result, TtlSupport,
 };
 use etcd_client::{Client, ConnectOptions};
 use tokio::task::JoinHandle;
@@ -247,6 +247,20 @@ impl DistributedLock for EtcdLock {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.shared
             .inspect(name)
+            .await
+            .map_err(|e| context(e, name))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        self.shared
+            .list(prefix)
+            .await
+            .map_err(|e| e.with_backend(BACKEND))
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        self.shared
+            .force_release(name, token)
             .await
             .map_err(|e| context(e, name))
     }

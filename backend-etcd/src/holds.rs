@@ -433,6 +433,12 @@ impl Shared {
     }
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        Ok(self.holder(name).await?.map(|(_, info)| info))
+    }
+
+    /// The holder's key and what it says: the entry with the lowest create revision in the
+    /// lock's directory. etcd keeps no time with a key, so `since` stays unknown.
+    async fn holder(&self, name: &LockName) -> Result<Option<(String, LockInfo)>> {
         let dir = keys::lock_dir(&self.config.key_prefix, name.as_str());
         let range = dir.clone();
         let mut resp = self
@@ -461,11 +467,64 @@ impl Shared {
             .ok()
             .and_then(|v| v.parse().ok())
             .ok_or_else(unexpected)?;
-        Ok(Some(LockInfo {
-            owner,
-            hold_count,
-            token: FencingToken(holder.create_revision().unsigned_abs()),
-            remaining: None,
-        }))
+        let key = String::from_utf8_lossy(holder.key()).into_owned();
+        let token = FencingToken(holder.create_revision().unsigned_abs());
+        Ok(Some((key, LockInfo::new(owner, hold_count, token, None))))
+    }
+
+    /// Every held lock whose name starts with `prefix`: one keys-only range read of their
+    /// directories, then each holder as [`inspect`](Self::inspect) reads it.
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let root = format!("{}/", self.config.key_prefix);
+        let range = format!("{root}{}", keys::encode_name(prefix));
+        let resp = self
+            .call("listing", |c| {
+                let range = range.clone();
+                async move {
+                    let options = GetOptions::new().with_prefix().with_keys_only();
+                    c.kv_client().get(range, Some(options)).await
+                }
+            })
+            .await?;
+        let mut names: Vec<LockName> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let rest = std::str::from_utf8(kv.key()).ok()?.strip_prefix(&root)?;
+                let (segment, _) = rest.split_once('/')?;
+                LockName::new(keys::decode_name(segment)?).ok()
+            })
+            .collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        let mut held = Vec::new();
+        for name in names {
+            if let Some((_, info)) = self.holder(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
+    }
+
+    /// Deletes the holder's key if its create revision is `token`, in one transaction; the
+    /// next key's watcher is then told, and the holder's next renewal finds its key gone.
+    pub(crate) async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        let Some((key, info)) = self.holder(name).await? else {
+            return Ok(false);
+        };
+        let Ok(revision) = i64::try_from(token.0) else {
+            return Ok(false);
+        };
+        if info.token != token {
+            return Ok(false);
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        Ok(self.txn("force-releasing", txn).await?.succeeded())
     }
 }

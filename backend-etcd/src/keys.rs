@@ -23,7 +23,6 @@ pub(crate) fn encode_name(name: &str) -> String {
 }
 
 /// The inverse of [`encode_name`]; `None` for a segment it cannot have produced.
-#[cfg(test)]
 pub(crate) fn decode_name(segment: &str) -> Option<String> {
     let mut out = String::with_capacity(segment.len());
     let mut rest = segment;

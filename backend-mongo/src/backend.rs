@@ -19,7 +19,7 @@ use mongodb::options::{
 };
 use mongodb::{Client, Collection};
 
-use crate::commands::{self, COUNT, OWNER, REMAINING_MS, TOKEN};
+use crate::commands::{self, COUNT, GRANTED_AT, OWNER, REMAINING_MS, TOKEN};
 use crate::config::{driver_message, MongoConfig};
 use crate::BACKEND;
 
@@ -359,6 +359,8 @@ struct State {
     count: u32,
     token: u64,
     remaining: Option<Duration>,
+    /// When the grant began, in ms since the epoch by the server's clock.
+    since_ms: Option<i64>,
 }
 
 impl State {
@@ -396,11 +398,33 @@ impl State {
             _ => None,
         }
         .map(|ms| Duration::from_millis(ms.max(0) as u64));
+        let since_ms = match doc.get(GRANTED_AT) {
+            Some(Bson::DateTime(at)) => Some(at.timestamp_millis()),
+            _ => None,
+        };
         Ok(Self {
             owner,
             count,
             token,
             remaining,
+            since_ms,
+        })
+    }
+
+    /// What an operator sees of a held lock.
+    fn info(self, name: &LockName) -> Result<LockInfo> {
+        let owner = self.owner.as_deref().unwrap_or_default();
+        let owner = distlock_api::OwnerId::parse(owner).map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("the lock document's owner {owner:?} is not an owner id"),
+            )
+            .with_lock(name)
+        })?;
+        let info = LockInfo::new(owner, self.count, FencingToken(self.token), self.remaining);
+        Ok(match self.since_ms {
+            Some(ms) => info.with_since_unix_ms(ms),
+            None => info,
         })
     }
 
@@ -615,26 +639,46 @@ impl DistributedLock for MongoLock {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let Some(state) = read_state(&self.locks, self.operation_timeout, name)
+        match read_state(&self.locks, self.operation_timeout, name)
             .await?
             .filter(State::is_held)
-        else {
-            return Ok(None);
+        {
+            Some(state) => state.info(name).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let read = async {
+            let mut cursor = self
+                .locks
+                .aggregate(commands::list_pipeline(prefix))
+                .await?;
+            let mut docs = Vec::new();
+            while let Some(doc) = cursor.try_next().await? {
+                // In name order: the first name past the prefix ends the listing.
+                match doc.get_str("_id") {
+                    Ok(id) if id.starts_with(prefix) => docs.push(doc),
+                    Ok(id) if id < prefix => {}
+                    _ => break,
+                }
+            }
+            Ok::<_, mongodb::error::Error>(docs)
         };
-        let owner = state.owner.as_deref().unwrap_or_default();
-        let owner = distlock_api::OwnerId::parse(owner).map_err(|_| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("the lock document's owner {owner:?} is not an owner id"),
-            )
-            .with_lock(name)
-        })?;
-        Ok(Some(LockInfo {
-            owner,
-            hold_count: state.count,
-            token: FencingToken(state.token),
-            remaining: state.remaining,
-        }))
+        let docs = bounded(self.operation_timeout, "listing failed", read)
+            .await
+            .map_err(|e| e.error)?;
+        let mut held = Vec::new();
+        for doc in docs {
+            let Some(name) = doc.get_str("_id").ok().and_then(|n| LockName::new(n).ok()) else {
+                continue;
+            };
+            let state = State::read(&doc).map_err(|e| e.with_lock(&name))?;
+            if state.is_held() {
+                held.push((name.clone(), state.info(&name)?));
+            }
+        }
+        Ok(held)
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! { _id: <lock name>, owner: <owner id> | null, count: <i64 hold count>,
-//!   token: <i64 fencing counter>, expires_at: <date> | null }
+//!   token: <i64 fencing counter>, expires_at: <date> | null, granted_at: <date> }
 //! ```
 //!
 //! Every expiry judgement uses `$$NOW`, the server's clock, evaluated once per command. The
@@ -23,6 +23,9 @@ pub const COUNT: &str = "count";
 pub const TOKEN: &str = "token";
 /// When the holder's lease ends by the server's clock, a BSON date, or `null` when free.
 pub const EXPIRES_AT: &str = "expires_at";
+/// When the current (or latest) grant began by the server's clock, a BSON date: what an
+/// operator sees, never used to judge a lease.
+pub const GRANTED_AT: &str = "granted_at";
 /// Computed by the projections, never stored: the lease left by the server's clock, in ms.
 pub(crate) const REMAINING_MS: &str = "remaining_ms";
 
@@ -64,6 +67,7 @@ pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
                 until.clone(),
                 { "$cond": [ "$_dl_mine", at_least(until), "$expires_at" ] },
             ] },
+            GRANTED_AT: { "$cond": [ "$_dl_take", "$$NOW", "$granted_at" ] },
         } },
         doc! { "$unset": ["_dl_take", "_dl_mine"] },
     ]
@@ -90,17 +94,30 @@ pub(crate) fn grant_projection() -> Document {
 /// Inspect (and a waiter learning when the holder's lease ends): the holder and the lease
 /// left by the server's clock, in one read.
 pub(crate) fn inspect_pipeline(name: &str) -> Vec<Document> {
+    vec![doc! { "$match": { "_id": name } }, state_projection()]
+}
+
+/// Listing: every lock document from `prefix` on in name order, as [`inspect_pipeline`] reads
+/// one. The caller stops at the first name past the prefix and skips free locks: a range and
+/// a sort on `_id` only, which every server indexes, rather than a regular expression.
+pub(crate) fn list_pipeline(prefix: &str) -> Vec<Document> {
     vec![
-        doc! { "$match": { "_id": name } },
-        doc! { "$project": {
-            OWNER: 1,
-            COUNT: 1,
-            TOKEN: 1,
-            REMAINING_MS: { "$dateDiff": {
-                "startDate": "$$NOW", "endDate": "$expires_at", "unit": "millisecond",
-            } },
-        } },
+        doc! { "$match": { "_id": { "$gte": prefix } } },
+        doc! { "$sort": { "_id": 1 } },
+        state_projection(),
     ]
+}
+
+fn state_projection() -> Document {
+    doc! { "$project": {
+        OWNER: 1,
+        COUNT: 1,
+        TOKEN: 1,
+        GRANTED_AT: 1,
+        REMAINING_MS: { "$dateDiff": {
+            "startDate": "$$NOW", "endDate": "$expires_at", "unit": "millisecond",
+        } },
+    } }
 }
 
 /// The filter of release and renew: this grant (owner and token) still holds the lock live.

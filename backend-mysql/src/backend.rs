@@ -10,7 +10,7 @@ use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
     LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlQueryResult};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlQueryResult, MySqlRow};
 use sqlx::{AssertSqlSafe, Connection, Executor, Row};
 use tokio::task::JoinHandle;
 
@@ -74,7 +74,6 @@ struct Inner {
 /// A row of the lock table as acquire and inspect read it.
 struct LockRow {
     owner: Vec<u8>,
-    hold_count: u32,
     token: u64,
     /// Microseconds of lease left by the server's clock; zero or less once expired.
     remaining_us: i64,
@@ -226,6 +225,10 @@ impl DistributedLock for MysqlLock {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        self.inner.list(prefix).await
+    }
 }
 
 /// Opens one session within the caller's connect timeout: proves the server is reachable and
@@ -250,6 +253,48 @@ async fn prepare(
                 .map_err(fail("creating the lock tables"))?;
         }
     }
+    // Tables made by earlier versions: a narrower owner column (for owner ids without a tag,
+    // a longer id would be refused or, without strict mode, cut short and never match again)
+    // and no `granted_at` column. Fixed on connect, or refused with the statements to run.
+    let width: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.owner_width.clone()))
+        .fetch_optional(&mut conn)
+        .await
+        .map_err(fail("checking the lock table's owner column"))?;
+    let exists = width.is_some();
+    let narrow = width.flatten().filter(|&w| w < sql::OWNER_COLUMN_WIDTH);
+    let has_granted_at: i64 = sqlx::query_scalar(AssertSqlSafe(sql.has_granted_at.clone()))
+        .fetch_one(&mut conn)
+        .await
+        .map_err(fail("checking the lock table's columns"))?;
+    let mut fixes = Vec::new();
+    if narrow.is_some() {
+        fixes.push(&sql.widen_owner);
+    }
+    if exists && has_granted_at == 0 {
+        fixes.push(&sql.add_granted_at);
+    }
+    if !fixes.is_empty() && !create_tables {
+        let run: Vec<String> = fixes.iter().map(|f| format!("`{f}`")).collect();
+        let narrow = match narrow {
+            Some(width) => format!(
+                "its owner column holds {width} bytes, fewer than the {} an owner id can take; ",
+                sql::OWNER_COLUMN_WIDTH
+            ),
+            None => String::new(),
+        };
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "the lock table on {endpoint} was made by an earlier version: {narrow}run {}",
+                run.join(" and ")
+            ),
+        ));
+    }
+    for fix in fixes {
+        conn.execute(AssertSqlSafe(fix.clone()))
+            .await
+            .map_err(fail("updating the lock table to this version"))?;
+    }
     for check in [&sql.check_locks, &sql.check_fencing] {
         conn.execute(AssertSqlSafe(check.clone()))
             .await
@@ -262,28 +307,6 @@ async fn prepare(
                     ),
                 )
             })?;
-    }
-    // Tables made for owner ids without a tag have a narrower owner column: a longer id would be
-    // refused (or, without strict mode, cut short and never match again).
-    let width: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.owner_width.clone()))
-        .fetch_optional(&mut conn)
-        .await
-        .map_err(fail("checking the lock table's owner column"))?;
-    if let Some(Some(width)) = width.filter(|w| w.is_some_and(|w| w < sql::OWNER_COLUMN_WIDTH)) {
-        if !create_tables {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "the lock table's owner column on {endpoint} holds {width} bytes, fewer than \
-                     the {} an owner id can take: run `{}`",
-                    sql::OWNER_COLUMN_WIDTH,
-                    sql.widen_owner
-                ),
-            ));
-        }
-        conn.execute(AssertSqlSafe(sql.widen_owner.clone()))
-            .await
-            .map_err(fail("widening the lock table's owner column"))?;
     }
     let version: String = sqlx::query_scalar(sql::VERSION)
         .fetch_one(&mut conn)
@@ -374,9 +397,8 @@ impl Inner {
         row.map(|row| {
             Ok(LockRow {
                 owner: row.try_get(0)?,
-                hold_count: row.try_get(1)?,
-                token: row.try_get(2)?,
-                remaining_us: row.try_get(3)?,
+                token: row.try_get(1)?,
+                remaining_us: row.try_get(2)?,
             })
         })
         .transpose()
@@ -591,35 +613,49 @@ impl Inner {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let mut conn = self.lend(&self.pool, name).await?;
-        let outcome = tokio::time::timeout(
-            self.operation_timeout,
-            self.read(&mut conn, name.as_str().as_bytes()),
-        )
-        .await;
+        let read = sqlx::query(AssertSqlSafe(self.sql.inspect.clone()))
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&mut *conn);
+        let outcome = tokio::time::timeout(self.operation_timeout, read).await;
         let row = conn
             .finish(outcome)
             .ok_or_else(|| self.timed_out("reading the lock row", name))?
             .map_err(self.err("reading the lock row", name))?;
-        let Some(r) = row.filter(|r| r.remaining_us > 0) else {
-            return Ok(None);
+        match row {
+            Some(row) => info_of(&row, 0, name),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let what = || format!("listing the locks on {}", self.endpoint);
+        let mut conn = Lent::from(&self.pool)
+            .await
+            .map_err(|e| map_error(e, &what()))?;
+        let read = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
+            .bind(prefix.as_bytes())
+            .bind(prefix.len() as u64)
+            .bind(prefix.as_bytes())
+            .fetch_all(&mut *conn);
+        let rows = match tokio::time::timeout(self.operation_timeout, read).await {
+            Ok(rows) => rows.map_err(|e| map_error(e, &what()))?,
+            Err(_) => return Err(timed_out(&what(), self.operation_timeout)),
         };
-        let owner = String::from_utf8(r.owner)
-            .ok()
-            .and_then(|o| OwnerId::parse(&o).ok())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Backend,
-                    "the lock row's owner is not a valid owner id (written by something else?)",
-                )
-                .with_backend(BACKEND)
-                .with_lock(name)
-            })?;
-        Ok(Some(LockInfo {
-            owner,
-            hold_count: r.hold_count,
-            token: FencingToken(r.token),
-            remaining: Some(Duration::from_micros(r.remaining_us.unsigned_abs())),
-        }))
+        let mut held = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: Vec<u8> = row.try_get(0).map_err(|e| map_error(e, &what()))?;
+            // A row no distlock client could have written is not listed.
+            let Some(name) = String::from_utf8(name)
+                .ok()
+                .and_then(|n| LockName::new(n).ok())
+            else {
+                continue;
+            };
+            if let Some(info) = info_of(&row, 1, &name)? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
     }
 
     /// Deletes expired rows in batches until a batch comes back short, on one connection; each
@@ -713,4 +749,38 @@ fn grant(req: &AcquireRequest, token: FencingToken, hold_count: u32, sent_at: In
 /// A lease in whole microseconds, rounded down (never promise more than the server was told).
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// What [`Inner::inspect`] and [`Inner::list`] see of one row, its columns from `at` on: owner,
+/// hold count, token, µs of lease left and the grant's time in ms since the epoch. `None` when
+/// the lease has run out.
+fn info_of(row: &MySqlRow, at: usize, name: &LockName) -> Result<Option<LockInfo>> {
+    let bad = |e: sqlx::Error| map_error(e, "reading the lock row").with_lock(name);
+    let remaining_us: i64 = row.try_get(at + 3).map_err(bad)?;
+    if remaining_us <= 0 {
+        return Ok(None);
+    }
+    let owner: Vec<u8> = row.try_get(at).map_err(bad)?;
+    let owner = String::from_utf8(owner)
+        .ok()
+        .and_then(|o| OwnerId::parse(&o).ok())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Backend,
+                "the lock row's owner is not a valid owner id (written by something else?)",
+            )
+            .with_backend(BACKEND)
+            .with_lock(name)
+        })?;
+    let since_ms: Option<i64> = row.try_get(at + 4).map_err(bad)?;
+    let info = LockInfo::new(
+        owner,
+        row.try_get(at + 1).map_err(bad)?,
+        FencingToken(row.try_get(at + 2).map_err(bad)?),
+        Some(Duration::from_micros(remaining_us.unsigned_abs())),
+    );
+    Ok(Some(match since_ms {
+        Some(ms) => info.with_since_unix_ms(ms),
+        None => info,
+    }))
 }

@@ -15,15 +15,33 @@ pub(crate) const CREATE_FENCING: &str = include_str!("sql/create_fencing.sql");
 
 /// Fails early, with a clear error, if an existing table lacks a column this backend uses.
 const CHECK_LOCKS: &str =
-    "SELECT name, owner, hold_count, token, expires_at FROM `{locks}` LIMIT 0";
+    "SELECT name, owner, hold_count, token, expires_at, granted_at FROM `{locks}` LIMIT 0";
 const CHECK_FENCING: &str = "SELECT name, value FROM `{fencing}` LIMIT 0";
 
 /// The current row of a lock, live or not, with its remaining lease in microseconds (zero or
 /// negative once expired). Acquire uses it only to choose which conditional write to try;
 /// inspect filters out expired rows.
-const READ: &str = "SELECT owner, hold_count, token, \
+const READ: &str = "SELECT owner, token, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
      FROM `{locks}` WHERE name = ?";
+
+/// What an operator sees of a lock: owner, hold count, token, the lease left in microseconds
+/// (as [`READ`]) and when the grant began, in milliseconds since
+/// the epoch (counted from the epoch as a UTC datetime, so the session's time zone plays no
+/// part).
+const INSPECT: &str = "SELECT owner, hold_count, token, \
+     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000 \
+     FROM `{locks}` WHERE name = ?";
+
+/// Every live lock whose name starts with a prefix (its bytes and their length bound), as
+/// [`INSPECT`] sees each, in name order. The range condition lets the primary key do the work.
+const LIST: &str = "SELECT name, owner, hold_count, token, \
+     TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000 \
+     FROM `{locks}` \
+     WHERE name >= ? AND LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) \
+     ORDER BY name";
 
 /// Inside the granting transaction: bump the name's counter (creating it at 1) and hand the new
 /// value back in the OK packet's last-insert-id, without a second round trip. The row stays
@@ -39,14 +57,15 @@ pub(crate) const LAST_INSERT_ID: &str = "SELECT LAST_INSERT_ID()";
 
 /// Inside the granting transaction: a fresh grant of a free name. A duplicate-key error means
 /// a row is there (held, or expired and not yet taken over).
-const INSERT: &str = "INSERT INTO `{locks}` (name, owner, hold_count, token, expires_at) \
-     VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)";
+const INSERT: &str = "INSERT INTO `{locks}` \
+     (name, owner, hold_count, token, expires_at, granted_at) \
+     VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))";
 
 /// Inside the granting transaction: take over an expired row. Zero rows means it is live (or
 /// gone); the transaction is then rolled back.
 const TAKEOVER: &str = "UPDATE `{locks}` \
      SET owner = ?, hold_count = 1, token = ?, \
-         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, granted_at = UTC_TIMESTAMP(6) \
      WHERE name = ? AND expires_at <= UTC_TIMESTAMP(6)";
 
 /// Reentrant acquire: one more hold for the live grant (owner and token) that was read. The new
@@ -94,6 +113,13 @@ const OWNER_WIDTH: &str = "SELECT CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED) \
 /// The owner column as `create_locks.sql` makes it: room for every owner id's text.
 const WIDEN_OWNER: &str = "ALTER TABLE `{locks}` MODIFY owner VARBINARY(81) NOT NULL";
 
+/// Whether the lock table has the `granted_at` column (tables made before it have not).
+const HAS_GRANTED_AT: &str = "SELECT COUNT(*) FROM information_schema.COLUMNS \
+     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{locks}' AND COLUMN_NAME = 'granted_at'";
+
+/// Adds the `granted_at` column to a table made before it.
+const ADD_GRANTED_AT: &str = "ALTER TABLE `{locks}` ADD COLUMN granted_at DATETIME(6) NULL";
+
 /// The owner column's width in bytes: [`distlock_api::MAX_OWNER_TEXT_LEN`].
 pub(crate) const OWNER_COLUMN_WIDTH: i64 = 81;
 
@@ -111,6 +137,10 @@ pub(crate) struct Statements {
     pub(crate) owner_width: Arc<str>,
     pub(crate) widen_owner: Arc<str>,
     pub(crate) read: Arc<str>,
+    pub(crate) inspect: Arc<str>,
+    pub(crate) list: Arc<str>,
+    pub(crate) has_granted_at: Arc<str>,
+    pub(crate) add_granted_at: Arc<str>,
     pub(crate) bump_fencing: Arc<str>,
     pub(crate) insert: Arc<str>,
     pub(crate) takeover: Arc<str>,
@@ -142,6 +172,10 @@ impl Statements {
             owner_width: r(OWNER_WIDTH),
             widen_owner: r(WIDEN_OWNER),
             read: r(READ),
+            inspect: r(INSPECT),
+            list: r(LIST),
+            has_granted_at: r(HAS_GRANTED_AT),
+            add_granted_at: r(ADD_GRANTED_AT),
             bump_fencing: r(BUMP_FENCING),
             insert: r(INSERT),
             takeover: r(TAKEOVER),
@@ -183,6 +217,9 @@ mod tests {
             &s.check_fencing,
             &s.widen_owner,
             &s.read,
+            &s.inspect,
+            &s.list,
+            &s.add_granted_at,
             &s.bump_fencing,
             &s.insert,
             &s.takeover,

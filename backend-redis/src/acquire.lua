@@ -1,13 +1,16 @@
 -- Acquire (or re-enter) a lock.
 -- KEYS[1] the lock hash: owner -> hold count, plus '#token' (this server's fencing counter value
---         at the grant) and, under RedLock, '#fence' (the token derived over all instances).
+--         at the grant), '#since' (the server's clock at the grant, in ms since the epoch) and,
+--         under RedLock, '#fence' (the token derived over all instances).
 -- KEYS[2] the name's fencing counter. Never deleted: it must outlive release and expiry.
 -- ARGV[1] owner id, ARGV[2] lease in milliseconds.
 -- Returns {1, token, hold_count, fence} when granted (fence 0 if none was written),
 --         {0, pttl} when another owner holds it (pttl < 0: no expiry known).
 if redis.call('exists', KEYS[1]) == 0 then
   local token = redis.call('incr', KEYS[2])
-  redis.call('hset', KEYS[1], ARGV[1], 1, '#token', token)
+  local now = redis.call('time')
+  local since = now[1] * 1000 + math.floor(now[2] / 1000)
+  redis.call('hset', KEYS[1], ARGV[1], 1, '#token', token, '#since', since)
   redis.call('pexpire', KEYS[1], ARGV[2])
   return {1, token, 1, 0}
 end

@@ -171,11 +171,20 @@ impl DistributedLock for RedisLock {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        Ok(self.shared.server.inspect(name).await?.map(|h| LockInfo {
-            owner: h.owner,
-            hold_count: h.count,
-            token: FencingToken(h.token),
-            remaining: h.pttl,
+        Ok(self.shared.server.inspect(name).await?.map(|h| {
+            LockInfo::new(h.owner, h.count, FencingToken(h.token), h.pttl)
+                .with_since_unix_ms(h.since_ms)
         }))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let mut held = Vec::new();
+        for name in self.shared.server.held_names(prefix).await? {
+            // Released or expired since the scan: not held any more, so not listed.
+            if let Some(info) = self.inspect(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
     }
 }

@@ -63,6 +63,8 @@ pub(crate) struct Holder {
     pub(crate) token: u64,
     pub(crate) fence: u64,
     pub(crate) pttl: Option<Duration>,
+    /// The server's clock at the grant, in ms since the epoch (0: unknown).
+    pub(crate) since_ms: i64,
 }
 
 /// A connection to one server, with the key layout of locks in it.
@@ -298,6 +300,42 @@ impl Server {
         }
     }
 
+    /// The names of the locks held here under names starting with `prefix`, by a `SCAN` of
+    /// their lock keys (the fencing counters and channels are not locks).
+    pub(crate) async fn held_names(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let pattern = self.keys.pattern(prefix);
+        let mut conn = self.conn();
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.error("listing", e))?;
+            for key in keys {
+                if let Some((name, "lock")) = self.keys.parse(&key) {
+                    // A key this layout cannot have made is someone else's: not listed.
+                    if let Ok(name) = LockName::new(&name) {
+                        names.push(name);
+                    }
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // SCAN may return a key more than once.
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        Ok(names)
+    }
+
     /// Runs the inspect script.
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>> {
         let mut inv = SCRIPTS.inspect.script.prepare_invoke();
@@ -309,7 +347,7 @@ impl Server {
             return Ok(None);
         }
         let parsed = (|| {
-            let [owner, count, token, fence, pttl] = <[Value; 5]>::try_from(items).ok()?;
+            let [owner, count, token, fence, pttl, since] = <[Value; 6]>::try_from(items).ok()?;
             let owner: String = redis::from_redis_value(owner).ok()?;
             Some(Holder {
                 owner: OwnerId::parse(&owner).ok()?,
@@ -317,6 +355,7 @@ impl Server {
                 token: u64::try_from(int(token)?).ok()?,
                 fence: u64::try_from(int(fence)?).ok()?,
                 pttl: pttl_of(int(pttl)?),
+                since_ms: int(since)?,
             })
         })();
         parsed.map(Some).ok_or_else(|| {

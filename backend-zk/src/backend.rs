@@ -307,6 +307,57 @@ impl DistributedLock for ZkLock {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        Ok(self.holder(name).await?.map(|(_, info)| info))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let s = self.inner.session();
+        s.check_live().map_err(|e| e.with_backend("zk"))?;
+        let base = &self.inner.base;
+        let children = match s.call_again(|| s.client.list_children(base)).await {
+            Ok(children) => children,
+            Err(Some(zk::Error::NoNode)) => return Ok(Vec::new()),
+            Err(e) => return Err(request_error(e, "cannot list the locks", &s)),
+        };
+        let mut names: Vec<LockName> = children
+            .iter()
+            .filter_map(|segment| path::decode_name(segment))
+            .filter(|name| name.starts_with(prefix))
+            .filter_map(|name| LockName::new(name).ok())
+            .collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut held = Vec::new();
+        for name in names {
+            if let Some((_, info)) = self.holder(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        let Some((node, info)) = self.holder(name).await? else {
+            return Ok(false);
+        };
+        if info.token != token {
+            return Ok(false);
+        }
+        // Sequential node paths are never reused, so deleting the path read is deleting that
+        // grant's node and nobody else's; its holder's session check then finds it gone, and
+        // the next waiter's predecessor watch fires.
+        let s = self.inner.session();
+        match s.call(s.client.delete(&node, None)).await {
+            Ok(()) => Ok(true),
+            Err(Some(zk::Error::NoNode)) => Ok(false),
+            Err(e) => Err(request_error(e, "cannot delete the holder's node", &s).with_lock(name)),
+        }
+    }
+}
+
+impl ZkLock {
+    /// The holder's node path and what it says: the lowest node of the lock's queue, with its
+    /// creation zxid as the token and its creation time (the server's clock) as `since`.
+    async fn holder(&self, name: &LockName) -> Result<Option<(String, LockInfo)>> {
         let s = self.inner.session();
         s.check_live()
             .map_err(|e| e.with_backend("zk").with_lock(name))?;
@@ -346,12 +397,9 @@ impl DistributedLock for ZkLock {
                 .with_backend("zk")
                 .with_lock(name)
             })?;
-            return Ok(Some(LockInfo {
-                owner,
-                hold_count: parsed.holds,
-                token: FencingToken(stat.czxid as u64),
-                remaining: None,
-            }));
+            let info = LockInfo::new(owner, parsed.holds, FencingToken(stat.czxid as u64), None)
+                .with_since_unix_ms(stat.ctime);
+            return Ok(Some((holder, info)));
         }
         Err(Error::new(
             ErrorKind::Unavailable,

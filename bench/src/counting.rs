@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use distlock_api::backend::wait::{Attempt, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
-use distlock_api::{Capabilities, DistributedLock, Grant, LockInfo, LockName, Result, SharedLock};
+use distlock_api::{
+    Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, Result, SharedLock,
+};
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
 /// the wrapper enrol with the inner client's one watchdog — which then renews through the
@@ -141,6 +143,14 @@ impl DistributedLock for Counting {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        self.inner.list(prefix).await
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        self.inner.force_release(name, token).await
     }
 }
 

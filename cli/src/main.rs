@@ -4,6 +4,8 @@
 //! ```text
 //! distlock --url redis://127.0.0.1:6379 run --name nightly-report --wait 30s -- ./report.sh
 //! distlock --url redis://127.0.0.1:6379 holder nightly-report --json
+//! distlock --url redis://127.0.0.1:6379 list nightly-
+//! distlock --url redis://127.0.0.1:6379 release --force nightly-report
 //! ```
 //!
 //! Exit codes of `run` (the table is in [`code`]): the command's own status when it ran (128+N
@@ -16,7 +18,7 @@ use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use distlock::config::parse_duration;
@@ -42,7 +44,8 @@ pub mod code {
     pub const CANNOT_RUN: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
-    /// `holder`: nobody holds the lock.
+    /// `holder`: nobody holds the lock. `release --force`: nothing was released (the lock
+    /// was free, or is held under another token than the one given).
     pub const FREE: u8 = 1;
 }
 
@@ -72,6 +75,25 @@ enum Command {
     /// Shows who holds a lock: owner, hold count, fencing token, lease left. Exits 1 when
     /// nobody holds it.
     Holder {
+        /// The lock name.
+        name: String,
+    },
+    /// Lists the held locks whose names start with PREFIX (every one without it), with what
+    /// `holder` shows of each.
+    List {
+        /// The start of the names to list.
+        prefix: Option<String>,
+    },
+    /// For an operator: frees a lock whatever its holder, but only the grant it shows (or the
+    /// one `--token` names), so a lock that changed hands meanwhile is left alone. The
+    /// holder's guard learns of it at its next renewal. Exits 1 when nothing was released.
+    Release {
+        /// Required: a release by anyone but the holder is forced.
+        #[arg(long)]
+        force: bool,
+        /// Release only the grant with this fencing token (as `holder` showed it).
+        #[arg(long)]
+        token: Option<u64>,
         /// The lock name.
         name: String,
     },
@@ -166,10 +188,19 @@ async fn main_async(cli: Cli) -> Exit {
     };
     // Arguments are checked before any I/O.
     let name = match &cli.command {
-        Command::Run(args) => &args.name,
-        Command::Holder { name } => name,
+        Command::Run(args) => Some(&args.name),
+        Command::Holder { name } => Some(name),
+        Command::Release { force: false, .. } => {
+            eprintln!(
+                "distlock: release takes --force: a lock is released by its holder (`distlock \
+                 run` releases when its command exits); --force frees it for an operator"
+            );
+            return Exit(code::USAGE);
+        }
+        Command::Release { name, .. } => Some(name),
+        Command::List { .. } => None,
     };
-    if let Err(e) = distlock::LockName::new(name) {
+    if let Some(Err(e)) = name.map(distlock::LockName::new) {
         return fail(&e, cli.json);
     }
     let locks = match distlock::connect(url).await {
@@ -179,6 +210,8 @@ async fn main_async(cli: Cli) -> Exit {
     match cli.command {
         Command::Run(args) => run(&locks, args, cli.json).await,
         Command::Holder { name } => holder(&locks, &name, cli.json).await,
+        Command::List { prefix } => list(&locks, prefix.as_deref().unwrap_or(""), cli.json).await,
+        Command::Release { name, token, .. } => force_release(&locks, &name, token, cli.json).await,
     }
 }
 
@@ -192,19 +225,92 @@ async fn holder(locks: &Arc<dyn DistributedLock>, name: &str, json: bool) -> Exi
     } else {
         match &info {
             None => println!("{name}: free"),
-            Some(i) => {
-                let lease = match i.remaining {
-                    Some(d) => format!("{:.1}s left", d.as_secs_f64()),
-                    None => "kept by the holder's session".to_string(),
-                };
-                println!(
-                    "{name}: held by {}\n  hold count {}, fencing token {}, lease {lease}",
-                    i.owner, i.hold_count, i.token
-                );
-            }
+            Some(i) => println!("{}", holder_text(name, i)),
         }
     }
     Exit(if info.is_some() { 0 } else { code::FREE })
+}
+
+async fn list(locks: &Arc<dyn DistributedLock>, prefix: &str, json: bool) -> Exit {
+    let held = match locks.list(prefix).await {
+        Ok(held) => held,
+        Err(e) => return fail(&e, json),
+    };
+    if json {
+        let all: Vec<_> = held
+            .iter()
+            .map(|(name, info)| holder_json(name.as_str(), Some(info)))
+            .collect();
+        println!("{}", serde_json::Value::Array(all));
+    } else if held.is_empty() {
+        println!("no locks held under {prefix:?}");
+    } else {
+        for (name, info) in &held {
+            println!("{}", holder_text(name.as_str(), info));
+        }
+    }
+    Exit(0)
+}
+
+async fn force_release(
+    locks: &Arc<dyn DistributedLock>,
+    name: &str,
+    token: Option<u64>,
+    json: bool,
+) -> Exit {
+    let info = match locks.holder(name).await {
+        Ok(info) => info,
+        Err(e) => return fail(&e, json),
+    };
+    let Some(info) = info else {
+        report(
+            json,
+            serde_json::json!({"name": name, "released": false, "why": "free"}),
+            &format!("distlock: {name} is free: nothing to release"),
+        );
+        return Exit(code::FREE);
+    };
+    // The grant the operator saw: a lock that changed hands since is not freed.
+    let token = token.map_or(info.token, distlock::FencingToken);
+    match locks.force_release(name, token).await {
+        Ok(true) => {
+            if json {
+                let mut object = holder_json(name, Some(&info));
+                object["released"] = true.into();
+                println!("{object}");
+            } else {
+                println!("released {}", holder_text(name, &info));
+            }
+            Exit(0)
+        }
+        Ok(false) => {
+            report(
+                json,
+                serde_json::json!({"name": name, "released": false, "why": "not held with that token", "token": token.0}),
+                &format!(
+                    "distlock: {name} is not held with fencing token {token} (it changed hands): \
+                     nothing released"
+                ),
+            );
+            Exit(code::FREE)
+        }
+        Err(e) => fail(&e, json),
+    }
+}
+
+fn holder_text(name: &str, i: &LockInfo) -> String {
+    let lease = match i.remaining {
+        Some(d) => format!("{:.1}s left", d.as_secs_f64()),
+        None => "kept by the holder's session".to_string(),
+    };
+    let since = match i.since {
+        Some(t) => format!(", since {}", rfc3339(t)),
+        None => String::new(),
+    };
+    format!(
+        "{name}: held by {}\n  hold count {}, fencing token {}, lease {lease}{since}",
+        i.owner, i.hold_count, i.token
+    )
 }
 
 fn holder_json(name: &str, info: Option<&LockInfo>) -> serde_json::Value {
@@ -217,8 +323,39 @@ fn holder_json(name: &str, info: Option<&LockInfo>) -> serde_json::Value {
             "hold_count": i.hold_count,
             "token": i.token.0,
             "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
+            "since": i.since.map(rfc3339),
+            "since_unix_ms": i.since.and_then(unix_ms),
         }),
     }
+}
+
+fn unix_ms(t: SystemTime) -> Option<u64> {
+    let ms = t.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_millis();
+    u64::try_from(ms).ok()
+}
+
+/// `t` as an RFC 3339 UTC timestamp to the millisecond (`2026-11-25T06:10:03.123Z`).
+fn rfc3339(t: SystemTime) -> String {
+    let ms = unix_ms(t).unwrap_or(0);
+    let (days, ms_of_day) = (ms / 86_400_000, ms % 86_400_000);
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian), by 400-year eras.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let s = ms_of_day / 1000;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        ms_of_day % 1000
+    )
 }
 
 /// The signals `distlock run` passes on to the command, with their numbers on Linux.
@@ -364,5 +501,19 @@ fn exit_code(status: ExitStatus) -> u8 {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.saturating_add(sig as u8),
         (None, None) => code::FAILED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc_to_the_millisecond() {
+        let at = |ms: u64| rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(at(1_795_586_462_215), "2026-11-25T06:01:02.215Z");
+        assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
     }
 }

@@ -1,6 +1,6 @@
 //! The `distlock` command against the real Redis server the test command starts: mutual
 //! exclusion between `distlock run` processes, the exit-code table, a command whose lock is
-//! lost being stopped, signal forwarding, and `holder --json`.
+//! lost being stopped, signal forwarding, `holder --json`, `list` and `release --force`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -312,6 +312,20 @@ fn holder_json_names_the_running_holder() {
     );
     let left = v["remaining_ms"].as_u64().unwrap();
     assert!(left > 0 && left <= 10_000, "lease left {left} ms");
+    // When the grant began, by the server's clock (this machine's: the server is on loopback).
+    let since = v["since_unix_ms"]
+        .as_u64()
+        .expect("Redis keeps the grant's time");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(
+        since <= now + 2_000 && since + 60_000 >= now,
+        "since {since} ms, now {now} ms"
+    );
+    let text = v["since"].as_str().expect("since as RFC 3339");
+    assert!(text.ends_with('Z') && text.len() == 24, "{text}");
 
     let out = output(&["holder", &name]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -326,4 +340,88 @@ fn holder_json_names_the_running_holder() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["held"], false);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn list_shows_the_holders_and_release_force_frees_only_the_token_shown() {
+    if skipped() {
+        return;
+    }
+    let (base, dir) = scratch("list");
+    let (a, b) = (format!("{base}/a"), format!("{base}/b"));
+    let (dir_a, dir_b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let holder_a = holding(&a, &dir_a, &["--ttl", "2s"]);
+    let holder_b = holding(&b, &dir_b, &["--ttl", "10s"]);
+    let token_of = |d: &Path| -> u64 {
+        let ready = std::fs::read_to_string(d.join("ready")).unwrap();
+        ready.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let (token_a, token_b) = (token_of(&dir_a), token_of(&dir_b));
+
+    let prefix = format!("{base}/");
+    let out = output(&["--json", "list", &prefix]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("list --json is JSON");
+    let listed: Vec<(&str, u64)> = v
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|l| (l["name"].as_str().unwrap(), l["token"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(listed, [(a.as_str(), token_a), (b.as_str(), token_b)]);
+    let text = String::from_utf8_lossy(&output(&["list", &prefix]).stdout).into_owned();
+    assert!(text.contains(&a) && text.contains(&b), "{text}");
+
+    // Not forced: refused before any I/O. Another token: nothing released.
+    assert_eq!(code(&output(&["release", &a])), 64);
+    let wrong = (token_a + 1).to_string();
+    let out = output(&["release", "--force", "--token", &wrong, &a]);
+    assert_eq!(code(&out), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(code(&output(&["holder", &a])), 0, "still held");
+
+    // Forced with the token shown: released, and the holder's command is stopped as for any
+    // lost lock.
+    let out = output(&["--json", "release", "--force", &a]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["released"].as_bool(), v["token"].as_u64()),
+        (Some(true), Some(token_a))
+    );
+    wait_for(&dir_a.join("term"), "term");
+    let status = wait_exit(holder_a);
+    assert_eq!(status, 123, "distlock run exits 123 when its lock is lost");
+
+    let out = output(&["--json", "list", &prefix]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, [b.as_str()]);
+    stop(holder_b);
+    let out = output(&["--json", "list", &prefix]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    let out = output(&["release", "--force", &b]);
+    assert_eq!(code(&out), 1, "a free lock: nothing released");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Waits (bounded) for `child` to exit by itself and returns its exit code.
+fn wait_exit(mut child: Child) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().expect("exited, not killed");
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("distlock run did not exit after its lock was lost");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

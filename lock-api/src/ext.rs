@@ -13,7 +13,7 @@ use crate::grant::{check_wait, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::guard::{context, LockGuard};
 use crate::keeper::Hold;
 use crate::lock::{DistributedLock, LeaseKeeper, OnTheSpot};
-use crate::name::{check_name, LockName, OwnerId};
+use crate::name::{check_name, check_prefix, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 use crate::settle::{self, InFlight};
@@ -61,6 +61,21 @@ pub trait LockExt {
 
     /// Who holds `name`, if anyone.
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send;
+
+    /// Every held lock whose name starts with `prefix` (all of them for `""`), in name order,
+    /// where the backend can enumerate them ([`ErrorKind::Unsupported`] where it cannot). A
+    /// prefix longer than a name may be, or with a control character, is `InvalidArgument`.
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<(LockName, LockInfo)>>> + Send;
+
+    /// Frees `name` for an operator, whatever its holder's hold count, but only while its
+    /// current grant carries `token` (read it with [`holder`](Self::holder)): `Ok(true)` if
+    /// that grant held it, `Ok(false)` if the lock was free or changed hands meanwhile. See
+    /// [`DistributedLock::force_release`].
+    fn force_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Runs `work` while holding `name`: takes the lock with `options` (waiting up to
     /// `options.wait`), hands `work` the fencing token to pass to the resource, and releases the
@@ -127,6 +142,18 @@ impl LockExt for Arc<dyn DistributedLock> {
         holder(self, name)
     }
 
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<(LockName, LockInfo)>>> + Send {
+        list(self, prefix)
+    }
+
+    fn force_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        force_release(self, name, token)
+    }
+
     fn with_lock<F, Fut, T>(
         &self,
         name: &str,
@@ -174,6 +201,20 @@ impl<B: DistributedLock> LockExt for Arc<B> {
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
         async move { holder(&this, name).await }
+    }
+
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<(LockName, LockInfo)>>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { list(&this, prefix).await }
+    }
+
+    fn force_release(
+        &self,
+        name: &str,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { force_release(&this, name, token).await }
     }
 
     fn with_lock<F, Fut, T>(
@@ -579,6 +620,35 @@ async fn holder(this: &Arc<dyn DistributedLock>, name: &str) -> Result<Option<Lo
     this.inspect(&name)
         .await
         .map_err(|e| context(e, &**this, &name))
+}
+
+async fn list(this: &Arc<dyn DistributedLock>, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+    let backend = this.core().backend();
+    check_prefix(prefix).map_err(|e| e.with_backend(backend))?;
+    let mut held = DistributedLock::list(&**this, prefix)
+        .await
+        .map_err(|e| e.with_backend(backend))?;
+    held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    Ok(held)
+}
+
+async fn force_release(
+    this: &Arc<dyn DistributedLock>,
+    name: &str,
+    token: FencingToken,
+) -> Result<bool> {
+    let name = LockName::new(name).map_err(|e| e.with_backend(this.core().backend()))?;
+    let freed = DistributedLock::force_release(&**this, &name, token)
+        .await
+        .map_err(|e| context(e, &**this, &name))?;
+    tracing::info!(
+        backend = this.core().backend(),
+        lock = %name,
+        token = token.0,
+        freed,
+        "lock force-released"
+    );
+    Ok(freed)
 }
 
 /// A validated acquire: the lease, the owner, and how the guard keeps its lease. The name is

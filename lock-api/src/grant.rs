@@ -1,7 +1,7 @@
 //! What a backend hands back: grants, fencing tokens, lock state.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::name::{LockName, OwnerId};
@@ -92,7 +92,10 @@ pub struct Grant {
 }
 
 /// What [`DistributedLock::inspect`](crate::DistributedLock::inspect) sees of a held lock.
+///
+/// Backends build it with [`LockInfo::new`]; fields may be added, so it is `#[non_exhaustive]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockInfo {
     /// The holder.
     pub owner: OwnerId,
@@ -102,6 +105,44 @@ pub struct LockInfo {
     pub token: FencingToken,
     /// The lease left, by the server's clock; `None` for session-bound or unleased locks.
     pub remaining: Option<Duration>,
+    /// When the current grant began, by the server's clock, where the server keeps it (`None`
+    /// where it does not). Re-entries and renewals do not move it. For display: it comes from
+    /// another machine's clock, so never compare it with the local clock to judge a lease.
+    pub since: Option<SystemTime>,
+}
+
+impl LockInfo {
+    /// What a backend reports of a held lock; [`since`](#structfield.since) unknown.
+    pub fn new(
+        owner: OwnerId,
+        hold_count: u32,
+        token: FencingToken,
+        remaining: Option<Duration>,
+    ) -> Self {
+        Self {
+            owner,
+            hold_count,
+            token,
+            remaining,
+            since: None,
+        }
+    }
+
+    /// Sets when the current grant began, by the server's clock.
+    pub fn with_since(mut self, since: SystemTime) -> Self {
+        self.since = Some(since);
+        self
+    }
+
+    /// Sets [`since`](#structfield.since) from milliseconds since the Unix epoch, as servers keep it;
+    /// a negative or absurd value leaves it unknown.
+    pub fn with_since_unix_ms(mut self, ms: i64) -> Self {
+        self.since = u64::try_from(ms)
+            .ok()
+            .filter(|&ms| ms > 0)
+            .and_then(|ms| SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(ms)));
+        self
+    }
 }
 
 /// The margin subtracted from a lease to get safe-until: 1% of the TTL plus 2 ms, covering clock

@@ -10,13 +10,17 @@ use futures::future::BoxFuture;
 use crate::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use crate::capability::Capabilities;
 use crate::error::{Error, ErrorKind, LostReason, Result};
-use crate::grant::{safe_until, AcquireRequest, Grant, LockInfo};
+use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState, Holds};
 use crate::name::{LockName, OwnerId};
 use crate::watchdog::{Renewer, Watchdog};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How many holds past the ones it saw the default
+/// [`force_release`](DistributedLock::force_release) gives up before it stops.
+const FORCE_RELEASE_SLACK: u32 = 64;
 
 /// The primitives a lock backend implements. Users call the conveniences of
 /// [`LockExt`](crate::LockExt) on an `Arc` of it, which validate input, build the
@@ -146,6 +150,64 @@ pub trait DistributedLock: Send + Sync + 'static {
 
     /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+
+    /// Every held lock whose name starts with `prefix` (every one for `""`), with what
+    /// [`inspect`](Self::inspect) says of it, in name order. A snapshot read while locks come
+    /// and go, not one atomic view. [`ErrorKind::Unsupported`] where the server cannot
+    /// enumerate its locks (the default).
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let _ = prefix;
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend cannot enumerate its locks",
+        ))
+    }
+
+    /// An operator's escape hatch: frees `name` whatever its holder's hold count, but only
+    /// while its current grant carries `token`, so a lock that changed hands since the operator
+    /// looked is left alone. `Ok(true)` if the grant of `token` held the lock and now does not,
+    /// `Ok(false)` if the lock was free or held under another token. Waiters are woken as by a
+    /// release; the holder's guard learns of it at its next renewal, and its `lost()` fires.
+    ///
+    /// The default reads the holder with [`inspect`](Self::inspect) and gives up its holds one
+    /// by one with [`release`](Self::release), each conditional on owner and token on the
+    /// server: right wherever a release needs no [`Grant::key`]. Backends whose grants carry
+    /// one override it.
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        let Some(info) = self.inspect(name).await? else {
+            return Ok(false);
+        };
+        if info.token != token {
+            return Ok(false);
+        }
+        let grant = Grant {
+            name: name.clone(),
+            hold_count: info.hold_count,
+            ttl: info
+                .remaining
+                .unwrap_or(DEFAULT_TTL)
+                .max(Duration::from_millis(1)),
+            owner: info.owner,
+            token,
+            sent_at: Instant::now(),
+            key: String::new(),
+        };
+        // The holder may re-enter meanwhile, adding holds: give them up until the grant holds
+        // no more, within a bound so that a holder re-entering without end cannot keep this
+        // going.
+        let mut freed = false;
+        for _ in 0..info.hold_count.saturating_add(FORCE_RELEASE_SLACK) {
+            if !self.release(&grant).await? {
+                return Ok(freed);
+            }
+            freed = true;
+        }
+        Err(Error::new(
+            ErrorKind::Backend,
+            "the holder kept re-entering while its holds were given up: try again",
+        )
+        .with_lock(name))
+    }
 
     /// Gives back the hold that an acquire of `name` by `owner` may have added when its outcome
     /// is unknown (the request went out, the answer never came): one hold, if `owner` has more

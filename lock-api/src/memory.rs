@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -90,6 +90,8 @@ struct Holder {
     kept: u32,
     /// The lease those guards renew with: what is left when the last of them goes.
     kept_ttl: Duration,
+    /// When the grant was made: [`LockInfo::since`].
+    granted_at: Instant,
 }
 
 impl Holder {
@@ -139,6 +141,17 @@ fn grant(
 }
 
 /// The reason an in-process guard reports for a holder removed behind its back.
+/// The wall-clock time of a monotonic instant, for [`LockInfo::since`]: the store's clock is
+/// this process's. One anchor per process, so the same instant always maps to the same time.
+fn wall_clock(at: Instant) -> SystemTime {
+    static ANCHOR: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    let (mono, wall) = *ANCHOR.get_or_init(|| (Instant::now(), SystemTime::now()));
+    match at.checked_duration_since(mono) {
+        Some(after) => wall + after,
+        None => wall - mono.duration_since(at),
+    }
+}
+
 fn removed() -> LostReason {
     LostReason::Taken("the lock was removed from the store".into())
 }
@@ -213,6 +226,7 @@ impl Slot {
                     expires_at: now + w.ttl,
                     kept: u32::from(w.kept),
                     kept_ttl: w.ttl,
+                    granted_at: now,
                 });
             }
         }
@@ -252,8 +266,27 @@ impl Slot {
             expires_at: now + ttl,
             kept: u32::from(kept),
             kept_ttl: ttl,
+            granted_at: now,
         });
         Ok(grant(&self.name, owner, token, 1, ttl, now))
+    }
+
+    /// What [`DistributedLock::inspect`] says of this name at `now`, its expired holder
+    /// dropped and waiters served first.
+    fn info(&mut self, now: Instant) -> Option<LockInfo> {
+        self.dispatch(now);
+        let h = self.live_holder(now)?;
+        let left = h.expires_at.saturating_duration_since(now);
+        // A kept lease is renewed continuously: a full lease is always left.
+        let remaining = Some(if h.kept > 0 {
+            left.max(h.kept_ttl)
+        } else {
+            left
+        });
+        Some(
+            LockInfo::new(h.owner.clone(), h.count, h.token, remaining)
+                .with_since(wall_clock(h.granted_at)),
+        )
     }
 
     /// The holder, if it is `grant`'s (lease not checked).
@@ -752,20 +785,38 @@ impl DistributedLock for MemoryLock {
         let Some(slot) = s.find(name, None) else {
             return Ok(None);
         };
+        Ok(slot.info(now))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let mut held: Vec<_> = s
+            .slots
+            .iter_mut()
+            .filter(|slot| slot.name.as_str().starts_with(prefix))
+            .filter_map(|slot| Some((slot.name.clone(), slot.info(now)?)))
+            .collect();
+        held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let Some(slot) = s.find(name, None) else {
+            return Ok(false);
+        };
         slot.dispatch(now);
-        Ok(slot.live_holder(now).map(|h| {
-            let left = h.expires_at.saturating_duration_since(now);
-            LockInfo {
-                owner: h.owner.clone(),
-                hold_count: h.count,
-                token: h.token,
-                // A kept lease is renewed continuously: a full lease is always left.
-                remaining: Some(if h.kept > 0 {
-                    left.max(h.kept_ttl)
-                } else {
-                    left
-                }),
-            }
-        }))
+        if slot.holder.as_ref().is_none_or(|h| h.token != token) {
+            return Ok(false);
+        }
+        slot.end_holder(Some(LostReason::Taken(
+            "force-released by an operator".to_string(),
+        )));
+        slot.dispatch(now);
+        Ok(true)
     }
 }

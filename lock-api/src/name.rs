@@ -71,6 +71,25 @@ pub(crate) fn check_name(name: &str) -> Result<(), Error> {
     }
 }
 
+/// Rejects a name prefix (for listing) that no name could start with: longer than a name may
+/// be, or with a control character. The empty prefix, every name, is fine.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), Error> {
+    let problem = if prefix.len() > MAX_NAME_LEN {
+        format!(
+            "is {} bytes long; the limit is {MAX_NAME_LEN}",
+            prefix.len()
+        )
+    } else if let Some(c) = prefix.chars().find(|c| c.is_control()) {
+        format!("contains the control character U+{:04X}", c as u32)
+    } else {
+        return Ok(());
+    };
+    Err(Error::new(
+        ErrorKind::InvalidArgument,
+        format!("lock name prefix {:?} {problem}", truncate(prefix)),
+    ))
+}
+
 /// What is wrong with a name the fast check refused (`None`: nothing; it is valid but not
 /// printable ASCII). Kept out of line so the fast check stays small.
 #[cold]

@@ -17,6 +17,9 @@ CREATE TABLE IF NOT EXISTS `{locks}` (
     -- The end of the lease in UTC on the server's clock (UTC_TIMESTAMP(6)), to the microsecond.
     -- The row is live while expires_at > UTC_TIMESTAMP(6).
     expires_at DATETIME(6)     NOT NULL,
+    -- When the grant began, in UTC on the server's clock; shown to operators, never used to
+    -- judge a lease. NULL in rows written before the column was added on connect.
+    granted_at DATETIME(6)     NULL,
     PRIMARY KEY (name),
     -- For the sweeper's range scan of expired rows.
     KEY expires_at (expires_at)

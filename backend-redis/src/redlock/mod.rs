@@ -308,12 +308,17 @@ impl DistributedLock for RedLock {
                 .map(|h| if h.fence > 0 { h.fence } else { h.token })
                 .max()
                 .unwrap_or(0);
-            return Ok(Some(LockInfo {
-                owner: owner.clone(),
-                hold_count: kth_largest(mine.iter().map(|h| h.count).collect(), s.quorum)
-                    .unwrap_or(1),
-                token: FencingToken(token),
-                remaining: kth_largest(mine.iter().filter_map(|h| h.pttl).collect(), s.quorum),
+            let info = LockInfo::new(
+                owner.clone(),
+                kth_largest(mine.iter().map(|h| h.count).collect(), s.quorum).unwrap_or(1),
+                FencingToken(token),
+                kth_largest(mine.iter().filter_map(|h| h.pttl).collect(), s.quorum),
+            );
+            // Each master stamped its own grant; the earliest is when the acquire round began.
+            let since = mine.iter().map(|h| h.since_ms).filter(|&ms| ms > 0).min();
+            return Ok(Some(match since {
+                Some(ms) => info.with_since_unix_ms(ms),
+                None => info,
             }));
         }
         // Nobody holds a majority; unless unanswered masters could hide one, the lock is free.
@@ -328,6 +333,86 @@ impl DistributedLock for RedLock {
             ));
         }
         Ok(None)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        let s = &self.shared;
+        let scans = futures::future::join_all(
+            s.servers
+                .iter()
+                .map(|server| tokio::time::timeout(s.response_timeout, server.held_names(prefix))),
+        )
+        .await;
+        let mut names: Vec<LockName> = Vec::new();
+        let mut answered = 0;
+        for found in scans.into_iter().flatten().flatten() {
+            answered += 1;
+            names.extend(found);
+        }
+        // A lock held on a majority shows on at least one master of any majority.
+        if answered < s.quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "only {answered} of {} masters answered; cannot list the locks",
+                    s.n()
+                ),
+            ));
+        }
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        let mut held = Vec::new();
+        for name in names {
+            if let Some(info) = self.inspect(&name).await? {
+                held.push((name, info));
+            }
+        }
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        let Some(info) = self.inspect(name).await? else {
+            return Ok(false);
+        };
+        if info.token != token {
+            return Ok(false);
+        }
+        let s = &self.shared;
+        // Master by master: every hold of that owner there, each release conditional on the
+        // master's own token of the grant.
+        let mut cleared = 0;
+        for server in &s.servers {
+            let Ok(Ok(here)) = tokio::time::timeout(s.response_timeout, server.inspect(name)).await
+            else {
+                continue;
+            };
+            let Some(h) = here.filter(|h| h.owner == info.owner) else {
+                cleared += 1;
+                continue;
+            };
+            for _ in 0..h.count.saturating_add(64) {
+                match server.release(name, &h.owner, h.token).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        cleared += 1;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if cleared < s.quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the holds were given up on {cleared} of {} masters; the rest end with \
+                     their lease",
+                    s.n()
+                ),
+            )
+            .with_lock(name));
+        }
+        Ok(true)
     }
 }
 

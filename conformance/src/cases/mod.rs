@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use distlock_api::{
     Capabilities, DistributedLock, ErrorKind, FencingToken, LeaseKind, LockExt, LockGuard,
@@ -20,6 +20,7 @@ mod fencing;
 mod guards;
 mod leases;
 mod names;
+mod operator;
 mod options;
 mod ownership;
 mod reentrancy;
@@ -33,6 +34,7 @@ use fencing::*;
 use guards::*;
 use leases::*;
 use names::*;
+use operator::*;
 use options::*;
 use ownership::*;
 use reentrancy::*;
@@ -165,6 +167,10 @@ cases! {
     extend_to_a_shorter_lease_keeps_the_guard_honest: per_lock_ttl,
     reentrant_holds_with_different_ttls_keep_the_longest_lease: reentrant_per_lock_ttl,
     late_renewal_of_an_old_grant_leaves_a_newer_grant_of_its_owner_alone: per_lock_ttl,
+    list_shows_exactly_the_held_locks_under_a_prefix: always,
+    bad_list_prefix_is_invalid_argument: always,
+    force_release_frees_only_the_grant_of_its_token: always,
+    holder_tells_when_the_grant_began: always,
 }
 
 // Helpers shared by the topics.

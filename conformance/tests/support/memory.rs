@@ -7,7 +7,8 @@ use std::time::Duration;
 use distlock_api::backend::wait::{Attempt, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
-    Capabilities, DistributedLock, Grant, LockInfo, LockName, MemoryLock, MemoryStore, Result,
+    Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, MemoryLock,
+    MemoryStore, Result,
 };
 
 pub(crate) struct Memory {
@@ -56,6 +57,12 @@ impl DistributedLock for Watched {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.0.inspect(name).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        self.0.list(prefix).await
+    }
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        self.0.force_release(name, token).await
     }
 }
 
