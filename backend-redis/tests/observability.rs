@@ -188,6 +188,15 @@ fn acquires_renewals_losses_and_settling_are_traced_and_counted() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let renewed = seen.event("renewed", &name).expect("no renewed event");
         assert_eq!(renewed.get("backend").map(String::as_str), Some("redis"));
+        let renew = seen
+            .spans_named("distlock.renew")
+            .into_iter()
+            .find(|s| s.get("lock") == Some(&name))
+            .expect("no distlock.renew span for the lock");
+        assert_eq!(renew.get("backend").map(String::as_str), Some("redis"));
+        assert_eq!(renew.get("token"), Some(&g.token().0.to_string()));
+        assert_eq!(renew.get("grants").map(String::as_str), Some("1"));
+        assert_eq!(renew.get("outcome").map(String::as_str), Some("renewed"));
         assert!(
             counter(
                 "distlock_renewals_total",
@@ -215,6 +224,7 @@ fn acquires_renewals_losses_and_settling_are_traced_and_counted() {
             ),
             1
         );
+        let token = g.token().0.to_string();
         assert!(!g.release().await.unwrap());
         assert_eq!(
             counter(
@@ -223,6 +233,20 @@ fn acquires_renewals_losses_and_settling_are_traced_and_counted() {
             ),
             1
         );
+        let release = seen
+            .spans_named("distlock.release")
+            .into_iter()
+            .find(|s| s.get("lock") == Some(&name))
+            .expect("no distlock.release span for the lock");
+        assert_eq!(release.get("token"), Some(&token));
+        assert_eq!(release.get("outcome").map(String::as_str), Some("not_held"));
+        let lost_renewals = seen
+            .spans_named("distlock.renew")
+            .into_iter()
+            .filter(|s| s.get("lock") == Some(&name))
+            .filter(|s| s.get("outcome").map(String::as_str) == Some("lost"))
+            .count();
+        assert_eq!(lost_renewals, 1, "the renewal that found the lock gone");
 
         // A lost answer: the acquire reaches a paused server, which applies it on resuming.
         let server = PrivateRedis::start_free();

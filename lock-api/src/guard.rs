@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::future::Either;
+use tracing::Instrument;
 
 use crate::error::LostReason;
 use crate::error::{Error, Result};
@@ -150,8 +151,18 @@ impl LockGuard {
             self.keeper().let_go(&self.hold);
             let grant = self.grant();
             let backend = self.backend.core().backend();
-            let released = crate::settle::release(&self.backend, grant).await;
-            crate::observe::released(backend, grant.name.as_str(), grant.token.0, Some(&released));
+            let span = crate::observe::release_span(backend, grant.name.as_str(), grant.token.0);
+            let released = crate::settle::release(&self.backend, grant)
+                .instrument(span.clone())
+                .await;
+            span.in_scope(|| {
+                crate::observe::released(
+                    backend,
+                    grant.name.as_str(),
+                    grant.token.0,
+                    Some(&released),
+                )
+            });
             released.map_err(|e| context(e, &*self.backend, &grant.name))
         }))
     }

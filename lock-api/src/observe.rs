@@ -43,6 +43,36 @@ pub(crate) fn acquire_span(backend: &'static str, name: &str, waits: bool) -> Sp
     )
 }
 
+/// A span for one release of a guard's grant: the request, and the retries of one the server
+/// did not answer.
+pub(crate) fn release_span(backend: &'static str, name: &str, token: u64) -> Span {
+    tracing::debug_span!(
+        "distlock.release",
+        backend,
+        lock = name,
+        token,
+        outcome = field::Empty,
+    )
+}
+
+/// A span for one renewal request of the watchdog: one grant (its lock and token), or a batch of
+/// `grants` that the backend confirms at once (`lock` and `token` then stay empty).
+pub(crate) fn renew_span(backend: &'static str, one: Option<(&str, u64)>, grants: usize) -> Span {
+    let span = tracing::debug_span!(
+        "distlock.renew",
+        backend,
+        grants,
+        lock = field::Empty,
+        token = field::Empty,
+        outcome = field::Empty,
+    );
+    if let Some((name, token)) = one {
+        span.record("lock", name);
+        span.record("token", token);
+    }
+    span
+}
+
 /// How an acquire call ended.
 #[derive(Clone, Copy)]
 pub(crate) enum Acquired {
@@ -127,6 +157,7 @@ pub(crate) fn released(
         // Dropped: the release runs in the background.
         None => "dropped",
     };
+    Span::current().record("outcome", outcome);
     match result {
         Some(Err(e)) => debug!(backend, lock = name, token, error = %e, "release failed"),
         _ => debug!(backend, lock = name, token, outcome, "released"),
@@ -156,6 +187,19 @@ pub(crate) fn released_metrics(backend: &'static str, outcome: &'static str) {
         metrics::counter!("distlock_releases_total", "backend" => backend, "outcome" => outcome)
             .increment(1);
         metrics::gauge!("distlock_guards_held", "backend" => backend).decrement(1.0);
+    }
+}
+
+/// The outcome a renewal request's span records: `renewed` if every grant in it was, else
+/// `lost` if one was found gone, else `failed`.
+pub(crate) fn renewal_outcome(results: &[Result<std::time::Duration>]) -> &'static str {
+    let lost = |e: &crate::Error| matches!(e.kind(), ErrorKind::Lost | ErrorKind::NotHeld);
+    if results.iter().all(|r| r.is_ok()) {
+        "renewed"
+    } else if results.iter().any(|r| r.as_ref().is_err_and(lost)) {
+        "lost"
+    } else {
+        "failed"
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::error::ErrorKind;
 use crate::grant::{safe_until, Grant};
@@ -475,7 +476,12 @@ async fn renew_batch<B: ?Sized + Renewer>(shared: Arc<Shared<B>>, batch: Vec<Due
     let Some(backend) = batch.first().map(|d| d.backend.clone()) else {
         return;
     };
-    let (sent, results) = {
+    let one = match batch.as_slice() {
+        [d] => Some((d.grant.name.as_str(), d.grant.token.0)),
+        _ => None,
+    };
+    let span = crate::observe::renew_span(backend.label(), one, batch.len());
+    let (sent, results) = async {
         // One permit per request: the bound is on what the server is asked at once. (A permit
         // per grant would cap a batch at the permits there are, whatever the backend's
         // `renew_batch`, and let only one batch be in flight at a time.)
@@ -489,7 +495,10 @@ async fn renew_batch<B: ?Sized + Renewer>(shared: Arc<Shared<B>>, batch: Vec<Due
             backend.renew_all(&grants).await
         };
         (sent, results)
-    };
+    }
+    .instrument(span.clone())
+    .await;
+    span.record("outcome", crate::observe::renewal_outcome(&results));
     let mut results = results.into_iter();
     let mut sooner = false;
     {
@@ -502,7 +511,9 @@ async fn renew_batch<B: ?Sized + Renewer>(shared: Arc<Shared<B>>, batch: Vec<Due
                 ))
             });
             let g = &d.grant;
-            crate::observe::renewed(d.backend.label(), g.name.as_str(), g.token.0, &result);
+            span.in_scope(|| {
+                crate::observe::renewed(d.backend.label(), g.name.as_str(), g.token.0, &result)
+            });
             sooner |= settle(&mut inner, d, sent, result);
         }
     }
