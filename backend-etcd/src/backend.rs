@@ -38,18 +38,17 @@ const RENEW_BATCH: usize = 64;
 /// The lease minimum is etcd's with default server settings (1.5 × the 1 s election timeout,
 /// rounded up to whole seconds); a server configured otherwise grants its own, which every
 /// grant reports.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Notify,
-    ttl: TtlSupport {
-        kind: LeaseKind::Session,
-        min: Duration::from_secs(2),
-        granularity: Duration::from_secs(1),
-    },
-    fair: true,
-    fencing: Fencing::Durable,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::Session,
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+    ))
+    .fair(true)
+    .fencing(Fencing::Durable)
+    .renewal(true);
 
 /// HTTP/2 pings on the connection, so a silently dead peer is noticed and the channel moves
 /// to another endpoint. etcd's default `--grpc-keepalive-min-time` is 5 s; pinging more often
@@ -63,6 +62,16 @@ const HTTP2_KEEPALIVE: (Duration, Duration) = (Duration::from_secs(10), Duration
 pub struct EtcdLock {
     shared: Arc<Shared>,
     keeper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("endpoints", &self.shared.config.endpoints)
+            .field("lease_id", &self.lease_id())
+            .field("owner", self.shared.core.owner())
+            .finish_non_exhaustive()
+    }
 }
 
 impl EtcdLock {
@@ -84,7 +93,10 @@ impl EtcdLock {
                 .with_user(user.clone(), password.clone())
                 .with_auto_token_refresh(true);
         }
-        let endpoints = Endpoints::new(config.endpoints.clone(), options);
+        let endpoints = match &config.given {
+            Some(client) => Endpoints::given(config.endpoints[0].clone(), client.clone()),
+            None => Endpoints::new(config.endpoints.clone(), options),
+        };
         let ttl_secs = config.lease_ttl_secs();
         let info = endpoints
             .call(

@@ -42,6 +42,8 @@ pub struct EtcdConfig {
     pub(crate) key_prefix: String,
     pub(crate) client: ClientOptions,
     pub(crate) user: Option<(String, String)>,
+    /// The application's own driver client (see [`EtcdConfig::from_client`]).
+    pub(crate) given: Option<etcd_client::Client>,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -52,6 +54,7 @@ impl fmt::Debug for EtcdConfig {
             .field("key_prefix", &self.key_prefix)
             .field("client", &self.client)
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("own_client", &self.given.is_some())
             .finish()
     }
 }
@@ -72,10 +75,16 @@ impl EtcdConfig {
         if url.user.is_some() || url.path.is_some() || url.query.is_some() {
             return Err(url.invalid("an endpoint is host:port"));
         }
-        Ok(Self {
-            endpoints: (url.hosts(DEFAULT_PORT)?.iter())
-                .map(|h| format!("http://{h}"))
-                .collect(),
+        let endpoints = (url.hosts(DEFAULT_PORT)?.iter())
+            .map(|h| format!("http://{h}"))
+            .collect();
+        Ok(Self::with_defaults(endpoints, None))
+    }
+
+    /// `endpoints` (or a `given` client) with every other setting at its default.
+    fn with_defaults(endpoints: Vec<String>, given: Option<etcd_client::Client>) -> Self {
+        Self {
+            endpoints,
             key_prefix: DEFAULT_KEY_PREFIX.to_string(),
             client: ClientOptions::new(
                 DEFAULT_LEASE_TTL,
@@ -83,7 +92,21 @@ impl EtcdConfig {
                 DEFAULT_OPERATION_TIMEOUT,
             ),
             user: None,
-        })
+            given,
+        }
+    }
+
+    /// Uses an `etcd_client::Client` the application connected itself, with its endpoints,
+    /// TLS and credentials, sharing its connection ([`user`](Self::user) does not apply to
+    /// it). Every other setting keeps its default. The client fails over between endpoints
+    /// the way the driver does (a config from URLs keeps one driver client per endpoint
+    /// instead, see the crate docs); [`endpoints`](Self::endpoints) then names the given
+    /// client rather than its addresses.
+    pub fn from_client(client: etcd_client::Client) -> Self {
+        Self::with_defaults(
+            vec!["the application's etcd client".to_string()],
+            Some(client),
+        )
     }
 
     /// Parses `etcd://[user:password@]host[:port][,host[:port]…][/key/prefix][?options]`

@@ -36,6 +36,16 @@ impl Endpoints {
         }
     }
 
+    /// One endpoint: the application's own client, already connected, named `label`.
+    pub(crate) fn given(label: String, client: Client) -> Self {
+        Self {
+            urls: vec![label],
+            options: ConnectOptions::new(),
+            clients: vec![OnceCell::new_with(Some(client))],
+            active: AtomicUsize::new(0),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.urls.len()
     }

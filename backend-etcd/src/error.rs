@@ -16,6 +16,8 @@ pub(crate) fn driver_error(what: &str, e: etcd_client::Error) -> Error {
     const ABORTED: i32 = 10;
     const UNAVAILABLE: i32 = 14;
     let kind = match &e {
+        // Reached, but its certificate is not trusted: retrying will not help.
+        _ if distlock_api::backend::refused_as_untrusted(&e) => ErrorKind::Backend,
         E::GRpcStatus(s) => match i32::from(s.code()) {
             CANCELLED | DEADLINE_EXCEEDED | RESOURCE_EXHAUSTED | ABORTED | UNAVAILABLE => {
                 ErrorKind::Unavailable

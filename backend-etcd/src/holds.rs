@@ -256,15 +256,15 @@ impl Shared {
                 "the client's lease was lost while acquiring",
             )
         })?;
-        Ok(Grant {
-            name: req.name.clone(),
-            owner: req.owner.clone(),
-            token: FencingToken(holds.token.unsigned_abs()),
-            hold_count: holds.count,
-            ttl: lease.ttl,
-            sent_at: lease.anchor,
-            key: key.to_string(),
-        })
+        Ok(Grant::new(
+            req.name.clone(),
+            req.owner.clone(),
+            FencingToken(holds.token.unsigned_abs()),
+            holds.count,
+            lease.ttl,
+            lease.anchor,
+        )
+        .with_key(key.to_string()))
     }
 
     pub(crate) async fn release(self: &Arc<Self>, grant: &Grant) -> Result<bool> {

@@ -24,19 +24,18 @@ use crate::config::{driver_message, MongoConfig};
 use crate::BACKEND;
 
 /// What the MongoDB backend promises.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Poll,
-    ttl: TtlSupport {
-        kind: LeaseKind::PerLock,
-        // BSON dates and `$$NOW` count milliseconds.
-        min: Duration::from_millis(1),
-        granularity: Duration::from_millis(1),
-    },
-    fair: false,
-    fencing: Fencing::Durable,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Poll)
+    // BSON dates and `$$NOW` count milliseconds.
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_millis(1),
+    ))
+    .fair(false)
+    .fencing(Fencing::Durable)
+    .renewal(true);
 
 /// How long a waiter sleeps at most between two attempts; the holder's expiry (read from the
 /// server with each attempt) wakes it earlier.
@@ -110,19 +109,24 @@ impl MongoLock {
     async fn connect_inner(config: MongoConfig) -> Result<Self> {
         let endpoint = config.endpoint.clone();
         let at = |e: mongodb::error::Error, what: &str| map_err(e, &format!("{what} {endpoint}"));
-        let mut options = ClientOptions::parse(config.conn.clone())
-            .await
-            .map_err(|e| at(e, "cannot resolve"))?;
-        options.connect_timeout = Some(config.client.connect_timeout);
-        options.server_selection_timeout = Some(config.client.connect_timeout);
-        options.app_name.get_or_insert_with(|| "distlock".into());
-        let client = Client::with_options(options).map_err(|e| {
-            Error::invalid(format!(
-                "bad MongoDB client options: {}",
-                driver_message(&e)
-            ))
-            .with_backend(BACKEND)
-        })?;
+        let client = match &config.given {
+            Some(client) => client.clone(),
+            None => {
+                let mut options = ClientOptions::parse(config.conn.clone())
+                    .await
+                    .map_err(|e| at(e, "cannot resolve"))?;
+                options.connect_timeout = Some(config.client.connect_timeout);
+                options.server_selection_timeout = Some(config.client.connect_timeout);
+                options.app_name.get_or_insert_with(|| "distlock".into());
+                Client::with_options(options).map_err(|e| {
+                    Error::invalid(format!(
+                        "bad MongoDB client options: {}",
+                        driver_message(&e)
+                    ))
+                    .with_backend(BACKEND)
+                })?
+            }
+        };
         let admin = client.database("admin");
         let hello = admin
             .run_command(doc! { "hello": 1 })
@@ -332,15 +336,14 @@ impl AcquireJob {
                     .and_then(|s| s.remaining);
                 return Ok(Attempt::Held { expires_in });
             }
-            return Ok(Attempt::Granted(Grant {
-                name: self.req.name.clone(),
-                owner: self.req.owner.clone(),
-                token: FencingToken(state.token),
-                hold_count: state.count,
-                ttl: Duration::from_millis(ttl_ms as u64),
+            return Ok(Attempt::Granted(Grant::new(
+                self.req.name.clone(),
+                self.req.owner.clone(),
+                FencingToken(state.token),
+                state.count,
+                Duration::from_millis(ttl_ms as u64),
                 sent_at,
-                key: String::new(),
-            }));
+            )));
         }
         Ok(Attempt::Held { expires_in: None })
     }

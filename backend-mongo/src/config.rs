@@ -46,6 +46,8 @@ pub struct MongoConfig {
     pub(crate) database: String,
     pub(crate) collection: String,
     pub(crate) client: ClientOptions,
+    /// The application's own driver client (see [`MongoConfig::from_client`]).
+    pub(crate) given: Option<mongodb::Client>,
 }
 
 impl MongoConfig {
@@ -103,9 +105,46 @@ impl MongoConfig {
             endpoint,
             collection: DEFAULT_COLLECTION.to_string(),
             client,
+            given: None,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// Uses a `mongodb::Client` the application made itself, with its hosts, credentials, TLS
+    /// and pool settings, sharing its connections. The lock documents go to the client's
+    /// default database (or `distlock`) unless [`database`](Self::database) names another;
+    /// the connect timeout bounds the first round trip of
+    /// [`MongoLock::connect`](crate::MongoLock::connect), and the lock operations keep their
+    /// own read and write concerns (majority, primary) whatever the client's defaults are.
+    ///
+    /// ```
+    /// use distlock_mongo::{mongodb, MongoConfig};
+    ///
+    /// # let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    /// # runtime.block_on(async {
+    /// let client = mongodb::Client::with_uri_str("mongodb://127.0.0.1:27017/app").await?;
+    /// let config = MongoConfig::from_client(client).collection("job_locks");
+    /// assert_eq!(config.get_database(), "app");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_client(client: mongodb::Client) -> Self {
+        Self {
+            database: client
+                .default_database()
+                .map_or_else(|| DEFAULT_DATABASE.to_string(), |d| d.name().to_string()),
+            conn: ConnectionString::default(),
+            endpoint: "the application's MongoDB client".to_string(),
+            collection: DEFAULT_COLLECTION.to_string(),
+            client: ClientOptions::new(
+                DEFAULT_TTL,
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_OPERATION_TIMEOUT,
+            ),
+            given: Some(client),
+        }
     }
 
     distlock_api::client_option_methods!(client);

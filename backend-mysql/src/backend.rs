@@ -22,18 +22,17 @@ use crate::sql::{self, Statements};
 use crate::BACKEND;
 
 /// What the MySQL/MariaDB backend promises.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Poll,
-    ttl: TtlSupport {
-        kind: LeaseKind::PerLock,
-        min: Duration::from_millis(1),
-        granularity: Duration::from_micros(1),
-    },
-    fair: false,
-    fencing: Fencing::Durable,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Poll)
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_micros(1),
+    ))
+    .fair(false)
+    .fencing(Fencing::Durable)
+    .renewal(true);
 
 /// How many times one acquire attempt or release re-reads the row after a conditional write
 /// matched nothing because another client changed the row in between (or the server picked
@@ -129,7 +128,10 @@ impl MysqlLock {
         let operation_timeout = config.get_operation_timeout();
         let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
-            pool: pool(),
+            pool: match config.get_pool() {
+                Some(given) => Pool::given(given.clone()),
+                None => pool(),
+            },
             holders,
             renewals,
             sql,
@@ -734,16 +736,15 @@ async fn last_insert_id(conn: &mut MySqlConnection, done: &MySqlQueryResult) -> 
 }
 
 fn grant(req: &AcquireRequest, token: FencingToken, hold_count: u32, sent_at: Instant) -> Grant {
-    Grant {
-        name: req.name.clone(),
-        owner: req.owner.clone(),
+    Grant::new(
+        req.name.clone(),
+        req.owner.clone(),
         token,
         hold_count,
         // The server counts in whole microseconds; report the lease it was given.
-        ttl: Duration::from_micros(micros(req.ttl)),
+        Duration::from_micros(micros(req.ttl)),
         sent_at,
-        key: String::new(),
-    }
+    )
 }
 
 /// A lease in whole microseconds, rounded down (never promise more than the server was told).

@@ -1,11 +1,12 @@
 //! [`MysqlConfig`]: the URL, the pool, the table names, the sweeper, and their validation.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use distlock_api::config::{ConfigUrl, HostPort};
 use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
-use sqlx::mysql::MySqlConnectOptions;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
 
 /// The default lock table.
 pub const DEFAULT_LOCK_TABLE: &str = "distlock_locks";
@@ -75,16 +76,93 @@ pub struct MysqlConfig {
     client: ClientOptions,
     create_tables: bool,
     backoff: (Duration, Duration),
+    /// The application's own pool (see [`MysqlConfig::from_pool`]).
+    pool: Option<MySqlPool>,
+    /// TLS, from the URL's `ssl-mode` and `ssl-ca` (feature `tls`).
+    ssl_mode: Option<MySqlSslMode>,
+    ssl_ca: Option<PathBuf>,
 }
 
 impl MysqlConfig {
+    /// A config of defaults for `database` on `host:port`.
+    fn base(host: String, port: u16, database: String) -> Self {
+        Self {
+            host,
+            port,
+            user: None,
+            password: None,
+            database,
+            pool_size: DEFAULT_POOL_SIZE,
+            lock_table: DEFAULT_LOCK_TABLE.to_string(),
+            fencing_table: DEFAULT_FENCING_TABLE.to_string(),
+            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
+            sweep_batch: DEFAULT_SWEEP_BATCH,
+            client: ClientOptions::new(
+                DEFAULT_TTL,
+                DEFAULT_CONNECT_TIMEOUT,
+                DEFAULT_OPERATION_TIMEOUT,
+            ),
+            create_tables: true,
+            backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
+            pool: None,
+            ssl_mode: None,
+            ssl_ca: None,
+        }
+    }
+
+    /// Uses the application's own sqlx pool: its connect options (credentials, TLS mode and
+    /// certificates, socket, charset) and its connections. Acquire attempts, inspection and
+    /// the sweeper run on the given pool; renewals and releases get a small pool of their own
+    /// opened with the same connect options (up to [`pool_size`](Self::pool_size)), so a busy
+    /// application cannot starve the statements that keep held locks alive. The pool's
+    /// options must name a database; the other settings keep their defaults.
+    ///
+    /// ```
+    /// use distlock_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    /// use distlock_mysql::MysqlConfig;
+    ///
+    /// # let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// # let _inside = runtime.enter(); // a pool needs a runtime, even one that opens nothing yet
+    /// let options = MySqlConnectOptions::new()
+    ///     .host("127.0.0.1")
+    ///     .username("distlock")
+    ///     .password("distlock")
+    ///     .database("distlock");
+    /// let pool = MySqlPoolOptions::new().max_connections(8).connect_lazy_with(options);
+    /// let config = MysqlConfig::from_pool(pool)?.lock_table("app_locks");
+    /// assert_eq!(config.endpoint(), "127.0.0.1:3306");
+    /// # Ok::<_, distlock_api::Error>(())
+    /// ```
+    pub fn from_pool(pool: MySqlPool) -> Result<Self> {
+        let options = pool.connect_options();
+        let database = options.get_database().unwrap_or_default().to_string();
+        if database.is_empty() {
+            return Err(Error::invalid(
+                "the pool's connect options name no database: set one with \
+                 MySqlConnectOptions::database",
+            )
+            .with_backend(crate::BACKEND));
+        }
+        let host = match options.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => options.get_host().to_string(),
+        };
+        let mut config = Self::base(host, options.get_port(), database);
+        config.user = Some(options.get_username().to_string()).filter(|u| !u.is_empty());
+        config.pool = Some(pool);
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Parses `mysql://user:password@host:port/database` (or `mariadb://…`).
     ///
     /// The user and password are optional and percent-decoded; the port defaults to 3306; the
     /// database is required. Query parameters set options: the shared ones of
     /// [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
     /// `operation_timeout`) and `pool_size`, `lock_table`, `fencing_table`, `sweep_interval`
-    /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables` (`true`/`false`). Anything
+    /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables` (`true`/`false`), and with
+    /// the `tls` feature `ssl-mode` (`disabled`, `preferred`, `required`, `verify_ca`,
+    /// `verify_identity`) and `ssl-ca` (a PEM file; without it the system's trust store). Anything
     /// else, including a malformed URL, is an `InvalidArgument` (so a typo is not ignored).
     pub fn from_url(raw: &str) -> Result<Self> {
         let url = ConfigUrl::parse(crate::BACKEND, raw)?;
@@ -102,25 +180,9 @@ impl MysqlConfig {
         if database.contains('/') {
             return Err(url.invalid(format!("the database name {database:?} contains '/'")));
         }
-        let mut config = Self {
-            host: host.host.clone(),
-            port: host.port,
-            user: decode(url.user.filter(|u| !u.is_empty()), "user")?,
-            password: decode(url.password, "password")?,
-            database,
-            pool_size: DEFAULT_POOL_SIZE,
-            lock_table: DEFAULT_LOCK_TABLE.to_string(),
-            fencing_table: DEFAULT_FENCING_TABLE.to_string(),
-            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
-            sweep_batch: DEFAULT_SWEEP_BATCH,
-            client: ClientOptions::new(
-                DEFAULT_TTL,
-                DEFAULT_CONNECT_TIMEOUT,
-                DEFAULT_OPERATION_TIMEOUT,
-            ),
-            create_tables: true,
-            backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
-        };
+        let mut config = Self::base(host.host.clone(), host.port, database);
+        config.user = decode(url.user.filter(|u| !u.is_empty()), "user")?;
+        config.password = decode(url.password, "password")?;
         let mut q = url.options()?;
         config.client.take_from(&mut q)?;
         let number = "a whole number in range";
@@ -136,14 +198,37 @@ impl MysqlConfig {
         config.lock_table = q.take_str("lock_table").unwrap_or(config.lock_table);
         config.fencing_table = q.take_str("fencing_table").unwrap_or(config.fencing_table);
         config.create_tables = q.take_bool("create_tables")?.unwrap_or(true);
-        for tls in ["ssl-mode", "sslmode", "ssl_mode"] {
-            if let Some(v) = q.take_str(tls) {
-                return Err(q.invalid(
-                    tls,
-                    &v,
-                    "asks for TLS, which is not built into distlock-mysql; connect over a \
-                     trusted network or a local socket tunnel",
-                ));
+        for key in ["ssl-mode", "sslmode", "ssl_mode"] {
+            if let Some(v) = q.take_str(key) {
+                if !cfg!(feature = "tls") {
+                    return Err(q.invalid(
+                        key,
+                        &v,
+                        "asks for TLS, which this build of distlock-mysql lacks: enable its \
+                         `tls` feature (or the facade's)",
+                    ));
+                }
+                let mode = v.parse::<MySqlSslMode>().map_err(|_| {
+                    q.invalid(
+                        key,
+                        &v,
+                        "is not disabled, preferred, required, verify_ca or verify_identity",
+                    )
+                })?;
+                config.ssl_mode = Some(mode);
+            }
+        }
+        for key in ["ssl-ca", "ssl_ca"] {
+            if let Some(v) = q.take_str(key) {
+                if !cfg!(feature = "tls") {
+                    return Err(q.invalid(
+                        key,
+                        &v,
+                        "names a CA for TLS, which this build of distlock-mysql lacks: enable \
+                         its `tls` feature (or the facade's)",
+                    ));
+                }
+                config.ssl_ca = Some(PathBuf::from(v));
             }
         }
         q.finish(&[
@@ -153,6 +238,8 @@ impl MysqlConfig {
             "sweep_interval",
             "sweep_batch",
             "create_tables",
+            "ssl-mode",
+            "ssl-ca",
         ])?;
         config.validate()?;
         Ok(config)
@@ -302,9 +389,17 @@ impl MysqlConfig {
         &self.database
     }
 
+    /// The application's pool given to [`from_pool`](Self::from_pool), if any.
+    pub fn get_pool(&self) -> Option<&MySqlPool> {
+        self.pool.as_ref()
+    }
+
     /// The driver's connect options for this server (for a raw [`sqlx`] connection of your own,
-    /// for example to inspect the tables).
+    /// for example to inspect the tables): the given pool's, if the config was made from one.
     pub fn connect_options(&self) -> MySqlConnectOptions {
+        if let Some(pool) = &self.pool {
+            return (*pool.connect_options()).clone();
+        }
         let mut o = MySqlConnectOptions::new()
             .host(&self.host)
             .port(self.port)
@@ -317,6 +412,12 @@ impl MysqlConfig {
         }
         if let Some(p) = &self.password {
             o = o.password(p);
+        }
+        if let Some(mode) = self.ssl_mode {
+            o = o.ssl_mode(mode);
+        }
+        if let Some(ca) = &self.ssl_ca {
+            o = o.ssl_ca(ca);
         }
         o
     }
@@ -337,6 +438,9 @@ impl fmt::Debug for MysqlConfig {
             .field("client", &self.client)
             .field("create_tables", &self.create_tables)
             .field("backoff", &self.backoff)
+            .field("own_pool", &self.pool.is_some())
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ssl_ca", &self.ssl_ca)
             .finish()
     }
 }
@@ -437,7 +541,7 @@ mod tests {
             "mysql://127.0.0.1/db?default_ttl_ms=0",
             "mysql://127.0.0.1/db?owner=bad%20owner",
             "mysql://127.0.0.1/db?create_tables=maybe",
-            "mysql://127.0.0.1/db?ssl-mode=required",
+            "mysql://127.0.0.1/db?ssl-mode=sometimes",
             "mysql://127.0.0.1/db?poolsize=3",
             "mysql://u:%ZZ@127.0.0.1/db",
         ] {
@@ -454,6 +558,25 @@ mod tests {
         assert!(MysqlConfig::from_url(&long).is_err());
         let ok = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(64));
         assert!(MysqlConfig::from_url(&ok).is_ok());
+    }
+
+    #[test]
+    fn tls_options_are_taken_with_the_feature_and_refused_naming_it_without() {
+        let url = "mysql://127.0.0.1/db?ssl-mode=verify_ca&ssl-ca=/etc/ca.pem";
+        let parsed = MysqlConfig::from_url(url);
+        if cfg!(feature = "tls") {
+            let options = parsed
+                .expect("TLS options with the feature")
+                .connect_options();
+            assert!(matches!(
+                options.get_ssl_mode(),
+                sqlx::mysql::MySqlSslMode::VerifyCa
+            ));
+        } else {
+            let e = parsed.expect_err("no TLS in this build");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(e.to_string().contains("`tls` feature"), "{e}");
+        }
     }
 
     #[test]

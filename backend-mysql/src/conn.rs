@@ -67,6 +67,16 @@ impl Pool {
         }
     }
 
+    /// The application's own pool, as it is.
+    pub(crate) fn given(pool: MySqlPool) -> Self {
+        let keeps_spare = pool.options().get_max_connections() > 1;
+        Self {
+            pool,
+            spare: Arc::default(),
+            keeps_spare,
+        }
+    }
+
     /// The sqlx pool.
     pub(crate) fn sqlx(&self) -> &MySqlPool {
         &self.pool

@@ -60,6 +60,12 @@ pub(crate) fn error_from(
 
 pub(crate) fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
     let kind = match e {
+        // Reached, but its certificate is not trusted: retrying will not help.
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_)
+            if distlock_api::backend::refused_as_untrusted(e) =>
+        {
+            ErrorKind::Backend
+        }
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed

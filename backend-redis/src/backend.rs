@@ -16,18 +16,17 @@ use crate::pubsub::{Hub, HubConfig};
 use crate::server::{Acquired, Server};
 
 /// What [`RedisLock`] promises.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Notify,
-    ttl: TtlSupport {
-        kind: LeaseKind::PerLock,
-        min: Duration::from_millis(1),
-        granularity: Duration::from_millis(1),
-    },
-    fair: false,
-    fencing: Fencing::Volatile,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_millis(1),
+    ))
+    .fair(false)
+    .fencing(Fencing::Volatile)
+    .renewal(true);
 
 /// A client of one Redis server: one multiplexed command connection (reconnected on demand),
 /// one pub/sub connection shared by all its waiters (opened on first wait), one watchdog.
@@ -99,15 +98,14 @@ impl Shared {
         let sent_at = Instant::now();
         Ok(
             match self.server.acquire(&req.name, &req.owner, req.ttl).await? {
-                Acquired::Granted { token, count, .. } => Attempt::Granted(Grant {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    token: FencingToken(token),
-                    hold_count: count,
-                    ttl: req.ttl,
+                Acquired::Granted { token, count, .. } => Attempt::Granted(Grant::new(
+                    req.name.clone(),
+                    req.owner.clone(),
+                    FencingToken(token),
+                    count,
+                    req.ttl,
                     sent_at,
-                    key: String::new(),
-                }),
+                )),
                 Acquired::Held { pttl } => Attempt::Held { expires_in: pttl },
             },
         )

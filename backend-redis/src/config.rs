@@ -120,6 +120,21 @@ fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
     Ok(Endpoint { display, client })
 }
 
+/// The endpoint of a driver client the application made itself (its TLS, credentials and
+/// protocol settings are used as they are).
+fn endpoint_of_client(client: redis::Client) -> Endpoint {
+    let info = client.get_connection_info();
+    let display = format!(
+        "{}{}",
+        info.addr(),
+        match info.redis_settings().db() {
+            0 => String::new(),
+            db => format!("/{db}"),
+        }
+    );
+    Endpoint { display, client }
+}
+
 macro_rules! setters {
     () => {
         /// Stores locks under keys starting with `prefix:` (default [`DEFAULT_KEY_PREFIX`]).
@@ -205,6 +220,27 @@ impl RedisConfig {
         Ok(config)
     }
 
+    /// Uses a `redis::Client` the application built itself, with its address, database,
+    /// credentials, protocol and TLS settings (e.g. `rediss://` with the application's own
+    /// certificates through `redis::Client::build_with_tls` and the `tls` feature). The lock client opens its own
+    /// connections from it (one for commands, one for release notices); distlock's options
+    /// keep their defaults and are set with the methods below.
+    ///
+    /// ```
+    /// use distlock_redis::RedisConfig;
+    ///
+    /// let client = distlock_redis::redis::Client::open("redis://127.0.0.1:6379/2")?;
+    /// let config = RedisConfig::from_client(client).key_prefix("app");
+    /// assert_eq!(config.endpoint(), "127.0.0.1:6379/2");
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_client(client: redis::Client) -> Self {
+        Self {
+            endpoint: endpoint_of_client(client),
+            options: Options::default(),
+        }
+    }
+
     setters!();
 
     /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
@@ -273,6 +309,18 @@ impl RedLockConfig {
             .map(|u| endpoint(u.as_ref(), &mut options))
             .collect::<Result<Vec<_>>>()?;
         let config = Self { endpoints, options };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// One `redis::Client` per independent master, built by the application (see
+    /// [`RedisConfig::from_client`]); at least [`MIN_REDLOCK_INSTANCES`], all distinct, else
+    /// [`InvalidArgument`](ErrorKind::InvalidArgument).
+    pub fn from_clients(clients: impl IntoIterator<Item = redis::Client>) -> Result<Self> {
+        let config = Self {
+            endpoints: clients.into_iter().map(endpoint_of_client).collect(),
+            options: Options::default(),
+        };
         config.validate()?;
         Ok(config)
     }

@@ -393,6 +393,8 @@ pub(crate) fn driver_error(
 ) -> Error {
     use redis::{ErrorKind as K, ServerErrorKind as S};
     let kind = match e.kind() {
+        // Reached, but its certificate is not trusted: retrying will not help.
+        _ if distlock_api::backend::refused_as_untrusted(&e) => ErrorKind::Backend,
         K::Io | K::ClusterConnectionNotFound => ErrorKind::Unavailable,
         K::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly) => {
             ErrorKind::Unavailable

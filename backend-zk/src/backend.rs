@@ -27,18 +27,17 @@ use crate::session::{self, request_error};
 /// timeout (2 × the default `tickTime` of 2 s); a server with another `tickTime` or
 /// `minSessionTimeout` grants other values, and [`ZkLock::capabilities`] reports what this
 /// client's session was granted.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Notify,
-    ttl: TtlSupport {
-        kind: LeaseKind::Session,
-        min: Duration::from_secs(4),
-        granularity: Duration::from_millis(1),
-    },
-    fair: true,
-    fencing: Fencing::Durable,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::Session,
+        Duration::from_secs(4),
+        Duration::from_millis(1),
+    ))
+    .fair(true)
+    .fencing(Fencing::Durable)
+    .renewal(true);
 
 /// How many locks the watchdog confirms with one multi-read.
 const RENEW_BATCH: usize = 64;

@@ -51,6 +51,8 @@ pub struct ZkConfig {
     pub(crate) base_path: String,
     /// `default_ttl` is the session timeout asked for: the lease of every lock.
     pub(crate) client: ClientOptions,
+    /// The application's session builder (see [`ZkConfig::connector`]).
+    pub(crate) connector: Option<zookeeper_client::Connector>,
 }
 
 impl fmt::Debug for ZkConfig {
@@ -60,6 +62,7 @@ impl fmt::Debug for ZkConfig {
             .field("chroot", &self.chroot)
             .field("base_path", &self.base_path)
             .field("client", &self.client)
+            .field("own_connector", &self.connector.is_some())
             .finish()
     }
 }
@@ -101,6 +104,7 @@ impl ZkConfig {
                 DEFAULT_CONNECT_TIMEOUT,
                 DEFAULT_OPERATION_TIMEOUT,
             ),
+            connector: None,
         };
         match url.path {
             None | Some("/") => {}
@@ -125,6 +129,24 @@ impl ZkConfig {
     /// created as persistent nodes if missing; each lock is a container node below it.
     pub fn base_path(mut self, path: impl Into<String>) -> Self {
         self.base_path = path.into();
+        self
+    }
+
+    /// Opens every session with the application's own driver `Connector`: its authentication
+    /// (`with_auth`, e.g. digest), TLS, SASL and connection timeout. A ZooKeeper lock lives and
+    /// dies with its session, and the client opens a fresh session after one ends, so it takes
+    /// the recipe for a session rather than one `Client`. The session timeout asked for is still
+    /// [`default_ttl`](Self::default_ttl) (the lease of every lock), set on each session.
+    ///
+    /// ```
+    /// use distlock_zk::{zookeeper_client, ZkConfig};
+    ///
+    /// let connector = zookeeper_client::Client::connector().with_auth("digest", b"app:secret");
+    /// let config = ZkConfig::new("127.0.0.1:2181")?.connector(connector);
+    /// # Ok::<_, distlock_zk::Error>(())
+    /// ```
+    pub fn connector(mut self, connector: zookeeper_client::Connector) -> Self {
+        self.connector = Some(connector);
         self
     }
 

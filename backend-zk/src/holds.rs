@@ -148,15 +148,17 @@ impl Inner {
         match s.call(request).await {
             Ok(stat) if stat.czxid == czxid && stat.ephemeral_owner == s.id => {
                 undo.armed = false;
-                Ok(Some(Grant {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    token: FencingToken(czxid as u64),
-                    hold_count: count,
-                    ttl: s.timeout,
-                    sent_at: sent,
-                    key: path.clone(),
-                }))
+                Ok(Some(
+                    Grant::new(
+                        req.name.clone(),
+                        req.owner.clone(),
+                        FencingToken(czxid as u64),
+                        count,
+                        s.timeout,
+                        sent,
+                    )
+                    .with_key(path.clone()),
+                ))
             }
             Ok(_) | Err(Some(zk::Error::NoNode)) => {
                 // The hold is gone (removed behind our back): forget it and contend afresh.

@@ -82,15 +82,17 @@ impl Inner {
             if position == 0 {
                 self.register_hold(&s, req, &mine, czxid)?;
                 pending.disarm().keep_only(&mine);
-                return Ok(Some(Grant {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    token: FencingToken(czxid as u64),
-                    hold_count: 1,
-                    ttl: s.timeout,
-                    sent_at: sent,
-                    key: mine,
-                }));
+                return Ok(Some(
+                    Grant::new(
+                        req.name.clone(),
+                        req.owner.clone(),
+                        FencingToken(czxid as u64),
+                        1,
+                        s.timeout,
+                        sent,
+                    )
+                    .with_key(mine),
+                ));
             }
             let Some(deadline) = deadline else {
                 // try-acquire: not first, so leave the queue.

@@ -105,7 +105,8 @@ impl Session {
 pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
     let limit = config.client.connect_timeout;
     let connect = async {
-        let client = zk::Client::connector()
+        let client = (config.connector.clone())
+            .unwrap_or_else(zk::Client::connector)
             .with_session_timeout(config.client.default_ttl)
             .connect(&config.hosts)
             .await

@@ -15,11 +15,13 @@
 
 mod case;
 pub mod cases;
+pub mod given;
 mod harness;
 mod local;
 mod proxy;
 mod runner;
 mod suite;
+pub mod tls;
 
 pub use case::{unique_suffix, Case, CaseFuture, Ctx, CASE_TIMEOUT};
 pub use harness::Harness;

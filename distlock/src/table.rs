@@ -15,19 +15,23 @@ pub fn capability_table() -> String {
     );
     for (name, c) in rows {
         let yes = |b: bool| if b { "yes" } else { "no" };
+        // The enums are non-exhaustive: a kind added later shows as declared.
         let blocking = match c.blocking {
-            Blocking::Notify => "notified",
-            Blocking::Poll => "polls (backoff + jitter)",
+            Blocking::Notify => "notified".to_string(),
+            Blocking::Poll => "polls (backoff + jitter)".to_string(),
+            other => format!("{other:?}"),
         };
         let lease = match c.ttl.kind {
             LeaseKind::None => "none".to_string(),
             LeaseKind::PerLock => format!("per lock, ≥ {:?}", c.ttl.min),
             LeaseKind::Session => format!("session, ≥ {:?}", c.ttl.min),
+            other => format!("{other:?}, ≥ {:?}", c.ttl.min),
         };
         let fencing = match c.fencing {
-            Fencing::None => "no",
-            Fencing::Volatile => "yes (volatile)",
-            Fencing::Durable => "yes (durable)",
+            Fencing::None => "no".to_string(),
+            Fencing::Volatile => "yes (volatile)".to_string(),
+            Fencing::Durable => "yes (durable)".to_string(),
+            other => format!("yes ({other:?})"),
         };
         out.push_str(&format!(
             "| {name} | {} | {blocking} | {lease} | {} | {fencing} | {} |\n",

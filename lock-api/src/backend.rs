@@ -21,3 +21,63 @@ pub use async_trait::async_trait;
 
 pub mod testing;
 pub mod wait;
+
+/// Whether `e`, or an error it wraps, says the server was reached but the connection was
+/// refused as untrusted or not understood: a TLS certificate that does not verify (rustls's
+/// "invalid peer certificate"), or bytes of a protocol the driver does not speak (an I/O error
+/// of kind `InvalidData`, e.g. plain text to a TLS port). Retrying the same way cannot succeed,
+/// so a backend reports such a failure as [`ErrorKind::Backend`](crate::ErrorKind::Backend),
+/// not as a temporary [`Unavailable`](crate::ErrorKind::Unavailable).
+pub fn refused_as_untrusted(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+            || e.to_string().contains("invalid peer certificate")
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_as_untrusted;
+    use std::io;
+
+    #[derive(Debug)]
+    struct Wrap(io::Error);
+    impl std::fmt::Display for Wrap {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("connect failed")
+        }
+    }
+    impl std::error::Error for Wrap {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_untrusted_certificate_or_foreign_protocol_is_told_apart_from_an_unreachable_server() {
+        let bad_cert = Wrap(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        assert!(refused_as_untrusted(&bad_cert));
+        let message_only = io::Error::other("invalid peer certificate: Expired");
+        assert!(refused_as_untrusted(&message_only));
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+        ] {
+            assert!(
+                !refused_as_untrusted(&Wrap(io::Error::new(kind, "gone"))),
+                "{kind:?}"
+            );
+        }
+    }
+}

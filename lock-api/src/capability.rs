@@ -2,10 +2,26 @@
 
 use std::time::Duration;
 
-/// What a backend promises. A plain `Copy + Default` struct: a backend declares
-/// `Capabilities { reentrant: true, ..Default::default() }`, its docs show the same values as a
-/// checklist, and the conformance suite runs a case only where these say it applies.
+/// What a backend promises. A plain `Copy + Default` value: a backend declares it as a constant
+/// with the `const` builder (`Capabilities::new().reentrant(true)…`), its docs show the same
+/// values as a checklist, and the conformance suite runs a case only where these say it
+/// applies. Read the fields; promises may be added, so it is `#[non_exhaustive]` and built only
+/// through [`Capabilities::new`] and its setters.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_api::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+///
+/// const CAPS: Capabilities = Capabilities::new()
+///     .reentrant(true)
+///     .blocking(Blocking::Notify)
+///     .ttl(TtlSupport::new(LeaseKind::PerLock, Duration::from_millis(1), Duration::from_millis(1)))
+///     .fencing(Fencing::Volatile)
+///     .renewal(true);
+/// assert!(CAPS.reentrant && CAPS.per_lock_ttl() && !CAPS.fair);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// The same owner may acquire a name it holds; each acquire adds to a hold count and each
     /// release takes one away. Without it, a re-acquire by the holder is answered like any other
@@ -23,8 +39,9 @@ pub struct Capabilities {
     pub renewal: bool,
 }
 
-/// How a waiting acquire learns that the lock came free.
+/// How a waiting acquire learns that the lock came free. Ways may be added (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Blocking {
     /// It retries with capped exponential backoff and jitter, waking no later than the holder's
     /// expiry.
@@ -34,8 +51,9 @@ pub enum Blocking {
     Notify,
 }
 
-/// How leases behave.
+/// How leases behave. Built with [`TtlSupport::new`]; fields may be added (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TtlSupport {
     /// Whether each grant has its own lease, shares the client session's, or has none.
     pub kind: LeaseKind,
@@ -46,8 +64,9 @@ pub struct TtlSupport {
     pub granularity: Duration,
 }
 
-/// Whether each grant has its own lease.
+/// Whether each grant has its own lease. Kinds may be added (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseKind {
     /// Locks never expire; only release frees them.
     #[default]
@@ -59,8 +78,9 @@ pub enum LeaseKind {
     Session,
 }
 
-/// Where fencing tokens come from.
+/// Where fencing tokens come from. Sources may be added (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fencing {
     /// No tokens.
     #[default]
@@ -72,7 +92,73 @@ pub enum Fencing {
     Durable,
 }
 
+impl TtlSupport {
+    /// Leases of `kind`, raised to at least `min`, counted in units of `granularity`.
+    pub const fn new(kind: LeaseKind, min: Duration, granularity: Duration) -> Self {
+        Self {
+            kind,
+            min,
+            granularity,
+        }
+    }
+}
+
 impl Capabilities {
+    /// No promises: not reentrant, polling, no leases, not fair, no fencing, no renewal (the
+    /// same as `Default`); the setters below add them.
+    pub const fn new() -> Self {
+        Self {
+            reentrant: false,
+            blocking: Blocking::Poll,
+            ttl: TtlSupport::new(LeaseKind::None, Duration::ZERO, Duration::ZERO),
+            fair: false,
+            fencing: Fencing::None,
+            renewal: false,
+        }
+    }
+
+    /// Sets [`reentrant`](Capabilities#structfield.reentrant).
+    #[must_use]
+    pub const fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// Sets [`blocking`](Capabilities#structfield.blocking).
+    #[must_use]
+    pub const fn blocking(mut self, blocking: Blocking) -> Self {
+        self.blocking = blocking;
+        self
+    }
+
+    /// Sets [`ttl`](Capabilities#structfield.ttl).
+    #[must_use]
+    pub const fn ttl(mut self, ttl: TtlSupport) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets [`fair`](Capabilities#structfield.fair).
+    #[must_use]
+    pub const fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Sets [`fencing`](Capabilities#structfield.fencing).
+    #[must_use]
+    pub const fn fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// Sets [`renewal`](Capabilities#structfield.renewal).
+    #[must_use]
+    pub const fn renewal(mut self, renewal: bool) -> Self {
+        self.renewal = renewal;
+        self
+    }
+
     /// Whether grants expire by themselves when not renewed, per lock.
     pub fn per_lock_ttl(&self) -> bool {
         self.ttl.kind == LeaseKind::PerLock

@@ -68,8 +68,10 @@ pub fn check_wait(wait: Duration) -> Result<()> {
     Ok(())
 }
 
-/// A successful acquire, as the backend reports it.
+/// A successful acquire, as the backend reports it. Backends build it with [`Grant::new`]
+/// (and [`with_key`](Grant::with_key)); fields may be added, so it is `#[non_exhaustive]`.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Grant {
     /// The lock.
     pub name: LockName,
@@ -89,6 +91,38 @@ pub struct Grant {
     /// Backend-specific identity of the grant that release and renew receive back (an etcd key,
     /// a ZooKeeper node path). Empty where the name and owner suffice.
     pub key: String,
+}
+
+impl Grant {
+    /// A grant of `name` to `owner` with `token`, the owner's `hold_count` after this acquire,
+    /// the lease `ttl` the server granted, and when the winning request was `sent_at`; no
+    /// backend key (see [`with_key`](Grant::with_key)).
+    pub fn new(
+        name: LockName,
+        owner: OwnerId,
+        token: FencingToken,
+        hold_count: u32,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Self {
+        Self {
+            name,
+            owner,
+            token,
+            hold_count,
+            ttl,
+            sent_at,
+            key: String::new(),
+        }
+    }
+
+    /// The grant with the backend's own identity of it (an etcd key, a ZooKeeper node path),
+    /// which release and renew receive back.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
 }
 
 /// What [`DistributedLock::inspect`](crate::DistributedLock::inspect) sees of a held lock.

@@ -30,18 +30,17 @@ use crate::name::{LockName, OwnerId};
 pub(crate) const BACKEND: &str = "memory";
 
 /// What the in-memory backend promises: everything.
-pub const CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Notify,
-    ttl: TtlSupport {
-        kind: LeaseKind::PerLock,
-        min: Duration::from_millis(1),
-        granularity: Duration::from_nanos(1),
-    },
-    fair: true,
-    fencing: Fencing::Volatile,
-    renewal: true,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_nanos(1),
+    ))
+    .fair(true)
+    .fencing(Fencing::Volatile)
+    .renewal(true);
 
 /// The shared state that [`MemoryLock`] clients lock against: the "server".
 #[derive(Clone, Default)]

@@ -6,8 +6,9 @@ use crate::error::Result;
 use crate::grant::{check_ttl, check_wait};
 use crate::name::OwnerId;
 
-/// How a grant's lease is kept.
+/// How a grant's lease is kept. Ways may be added (`#[non_exhaustive]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Lease {
     /// The client's watchdog renews the lease every TTL/3 while the guard lives. `None` uses the
     /// client's default TTL.
@@ -21,8 +22,10 @@ pub enum Lease {
 }
 
 /// Options for one acquire. `LockOptions::default()` is a watchdog-managed lease with the
-/// client's default TTL, an owner id of the acquisition's own, and no waiting.
+/// client's default TTL, an owner id of the acquisition's own, and no waiting. Built with
+/// [`LockOptions::new`] and its setters; options may be added (`#[non_exhaustive]`).
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct LockOptions {
     /// How the lease is kept.
     pub lease: Lease,

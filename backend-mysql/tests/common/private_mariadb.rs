@@ -45,6 +45,8 @@ pub struct PrivateMariadb {
     /// How long the last start or restart took: from spawning `mariadbd` to the first session
     /// of the test user that reached this very server.
     pub start_took: Duration,
+    /// More options for `mariadbd` (e.g. its TLS files).
+    extra: Vec<String>,
 }
 
 /// Finds a server binary on the PATH or in the usual sbin directories (`mariadbd` lives in
@@ -86,6 +88,11 @@ impl PrivateMariadb {
     /// stderr. Panics (with the way to install the
     /// server) if MariaDB is not installed.
     pub async fn start() -> Self {
+        Self::start_with(Vec::new()).await
+    }
+
+    /// Like [`start`](Self::start), with more options for `mariadbd`.
+    pub async fn start_with(extra: Vec<String>) -> Self {
         let mariadbd = find("mariadbd");
         let install_db = find("mariadb-install-db");
         let salt = salt();
@@ -106,6 +113,7 @@ impl PrivateMariadb {
             log_from: 0,
             install_took: Duration::ZERO,
             start_took: Duration::ZERO,
+            extra,
         };
         // From here on, a panic drops `server`, which removes the directory.
         let started = Instant::now();
@@ -215,6 +223,7 @@ impl PrivateMariadb {
                 self.dir.join("init.sql").display()
             ))
             .args(SIZING)
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

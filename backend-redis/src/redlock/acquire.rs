@@ -87,15 +87,17 @@ impl Shared {
                 // count.
                 let hold_count =
                     kth_largest(granted.iter().map(|g| g.2).collect(), self.quorum).unwrap_or(1);
-                Ok(Attempt::Granted(Grant {
-                    name: name.clone(),
-                    owner: owner.clone(),
-                    token: FencingToken(token),
-                    hold_count,
-                    ttl,
-                    sent_at,
-                    key: encode_key(&tokens, id),
-                }))
+                Ok(Attempt::Granted(
+                    Grant::new(
+                        name.clone(),
+                        owner.clone(),
+                        FencingToken(token),
+                        hold_count,
+                        ttl,
+                        sent_at,
+                    )
+                    .with_key(encode_key(&tokens, id)),
+                ))
             }
             None => {
                 self.settle_late(pending, name, owner, ttl, None);

@@ -56,18 +56,17 @@ use late::{decode_key, encode_key, LateTable};
 use round::{finish_late, join_errors, kth_largest, next_before, no_answer, Deadline, Pending};
 
 /// What [`RedLock`] promises.
-pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities {
-    reentrant: true,
-    blocking: Blocking::Poll,
-    ttl: TtlSupport {
-        kind: LeaseKind::PerLock,
-        min: Duration::from_millis(1),
-        granularity: Duration::from_millis(1),
-    },
-    fair: false,
-    fencing: Fencing::Volatile,
-    renewal: true,
-};
+pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Poll)
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_millis(1),
+    ))
+    .fair(false)
+    .fencing(Fencing::Volatile)
+    .renewal(true);
 
 /// The least a round waits for the masters that have not answered, whatever the TTL. Loopback
 /// answers in well under a millisecond, but on a loaded machine the answers of healthy masters

@@ -11,6 +11,8 @@ pub struct PrivateRedis {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// TLS files (certificate, key, CA): the port speaks TLS only.
+    tls: Option<[PathBuf; 3]>,
 }
 
 impl PrivateRedis {
@@ -26,12 +28,23 @@ impl PrivateRedis {
     /// Starts redis-server on a port the kernel reports free, retrying with another if a
     /// different process takes it between the check and the server's bind.
     pub fn start_free() -> Self {
+        Self::start_free_with(None)
+    }
+
+    /// Like [`start_free`](Self::start_free), serving TLS only on its port with `certificate`,
+    /// `key` and `ca` (clients need no certificate of their own).
+    pub fn start_free_tls(certificate: PathBuf, key: PathBuf, ca: PathBuf) -> Self {
+        Self::start_free_with(Some([certificate, key, ca]))
+    }
+
+    fn start_free_with(tls: Option<[PathBuf; 3]>) -> Self {
         for _ in 0..20 {
             let port = std::net::TcpListener::bind(("127.0.0.1", 0))
                 .and_then(|l| l.local_addr())
                 .expect("bind an ephemeral port")
                 .port();
-            if let Ok(s) = std::panic::catch_unwind(|| Self::start_on(port)) {
+            let tls = tls.clone();
+            if let Ok(s) = std::panic::catch_unwind(|| Self::start_with(port, tls)) {
                 return s;
             }
         }
@@ -39,6 +52,10 @@ impl PrivateRedis {
     }
 
     fn start_on(port: u16) -> Self {
+        Self::start_with(port, None)
+    }
+
+    fn start_with(port: u16, tls: Option<[PathBuf; 3]>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("distlock-redis-test-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -46,6 +63,7 @@ impl PrivateRedis {
             port,
             dir,
             child: None,
+            tls,
         };
         s.spawn();
         s
@@ -57,8 +75,21 @@ impl PrivateRedis {
             "port {} is already in use: another test's server would be mistaken for ours",
             self.port
         );
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some([certificate, key, ca]) => command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(certificate)
+                .arg("--tls-key-file")
+                .arg(key)
+                .arg("--tls-ca-cert-file")
+                .arg(ca)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        let child = command
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -89,7 +120,12 @@ impl PrivateRedis {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server (its memory, and so every lock and counter, is gone).

@@ -52,13 +52,11 @@ pub(crate) async fn run_all(
     match bounded(limit, uncontended::run(target, plan)).await {
         Ok((u, blocking)) => {
             result.uncontended = Some(u);
-            result.blocking = Some(
-                match blocking {
-                    Blocking::Notify => "notify",
-                    Blocking::Poll => "poll",
-                }
-                .into(),
-            );
+            result.blocking = Some(match blocking {
+                Blocking::Notify => "notify".to_string(),
+                Blocking::Poll => "poll".to_string(),
+                other => format!("{other:?}").to_lowercase(),
+            });
         }
         Err(e) => fail(result, "uncontended", e),
     }
