@@ -230,3 +230,42 @@ async fn reentrant(tables: Arc<PrivateTables>) {
         assert!(bad.is_empty(), "the server audit saw: {bad:?}");
     }
 }
+
+/// A release through a client handle wakes that handle's own waiters for the name at once. With
+/// a 60 s backoff, a waiter that had to sit out its step would look again only after 5 s (the
+/// longest a waiter sleeps between attempts); woken by the release 0.3 s in, it has the lock
+/// long before that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_same_handles_polling_waiter_without_waiting_out_its_backoff() {
+    if common::skipped() {
+        return;
+    }
+    let tables = PrivateTables::new("localwake");
+    let config = tables
+        .config()
+        .backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let locks = Arc::new(MysqlLock::connect(config).await.expect("connect"));
+    let held = locks.try_lock("wake").await.unwrap().expect("free");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let guard = locks
+                .lock("wake", Duration::from_secs(30))
+                .await
+                .expect("granted within the wait bound");
+            (started.elapsed(), guard)
+        })
+    };
+    // Let the waiter make its first attempt and start its (60 s) backoff step.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(held.release().await.unwrap());
+    let (waited, guard) = waiter.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(3),
+        "the waiter sat out its backoff: granted after {waited:?}"
+    );
+    assert!(guard.release().await.unwrap());
+    drop(locks);
+    tables.drop_all().await;
+}

@@ -1,6 +1,7 @@
 //! Conveniences over the primitives, written once for every backend.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -446,7 +447,22 @@ async fn acquire_waiting(
     let deadline = Instant::now() + wait;
     match this.waiting() {
         Waiting::Queue => this.acquire(req, wait).await,
-        Waiting::Poll(backoff) => wait::poll(deadline, backoff, || attempt_once(this, req)).await,
+        Waiting::Poll(mut backoff) => {
+            // Between attempts: the backoff step, cut short by a release of the name through
+            // this handle (counted from before the attempt, so one that lands while the
+            // attempt is in flight is not missed).
+            let local = this.core().wakes().waiter(&req.name);
+            let seen = AtomicU64::new(local.releases());
+            wait::notified(
+                deadline,
+                || {
+                    seen.store(local.releases(), Ordering::Relaxed);
+                    attempt_once(this, req)
+                },
+                |max| local.wait(seen.load(Ordering::Relaxed), backoff.next_delay().min(max)),
+            )
+            .await
+        }
         Waiting::Notify => {
             // An uncontended lock costs one request and no subscription.
             if let Attempt::Granted(g) = attempt_once(this, req).await? {

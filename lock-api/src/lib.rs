@@ -39,6 +39,7 @@ mod name;
 mod observe;
 mod options;
 mod settle;
+mod wakes;
 mod watchdog;
 
 pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};

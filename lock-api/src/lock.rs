@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState, Holds};
 use crate::name::{LockName, OwnerId};
+use crate::wakes::LocalWakes;
 use crate::watchdog::{Renewer, Watchdog};
 
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
@@ -257,6 +258,8 @@ pub struct ClientCore {
     runtime: OnceLock<tokio::runtime::Handle>,
     /// The holds this handle's guards and acquires in flight account for.
     holds: Holds,
+    /// This handle's polling waiters, which its releases wake at once.
+    wakes: LocalWakes,
 }
 
 impl ClientCore {
@@ -273,6 +276,7 @@ impl ClientCore {
             watchdog: Watchdog::new(),
             runtime: OnceLock::new(),
             holds: Holds::default(),
+            wakes: LocalWakes::default(),
         }
     }
 
@@ -360,6 +364,10 @@ impl ClientCore {
 
     pub(crate) fn holds(&self) -> &Holds {
         &self.holds
+    }
+
+    pub(crate) fn wakes(&self) -> &LocalWakes {
+        &self.wakes
     }
 
     /// The default lease of watchdog-managed locks.

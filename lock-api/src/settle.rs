@@ -113,6 +113,10 @@ pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -
     }
     let mut uncount = Uncount(Some((&**backend, grant)));
     let released = backend.release(grant).await;
+    if released.is_ok() {
+        // Whatever the answer, the lock may be free now: this handle's pollers look at once.
+        backend.core().wakes().released(&grant.name);
+    }
     if let Err(e) = &released {
         if answer_lost(&**backend, e.kind()) {
             // The background job uncounts it when the server has answered.
