@@ -95,8 +95,7 @@ where
     loop {
         match f().await {
             Ok(v) => return v,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
+            Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("the private etcd never became ready: {e}"),

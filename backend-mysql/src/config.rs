@@ -198,16 +198,20 @@ impl MysqlConfig {
         config.lock_table = q.take_str("lock_table").unwrap_or(config.lock_table);
         config.fencing_table = q.take_str("fencing_table").unwrap_or(config.fencing_table);
         config.create_tables = q.take_bool("create_tables")?.unwrap_or(true);
-        for key in ["ssl-mode", "sslmode", "ssl_mode"] {
-            if let Some(v) = q.take_str(key) {
-                if !cfg!(feature = "tls") {
-                    return Err(q.invalid(
-                        key,
-                        &v,
-                        "asks for TLS, which this build of distlock-mysql lacks: enable its \
-                         `tls` feature (or the facade's)",
-                    ));
-                }
+        // TLS: the mode and the CA, taken only by a build that has TLS.
+        for key in ["ssl-mode", "sslmode", "ssl_mode", "ssl-ca", "ssl_ca"] {
+            let Some(v) = q.take_str(key) else { continue };
+            if !cfg!(feature = "tls") {
+                return Err(q.invalid(
+                    key,
+                    &v,
+                    "asks for TLS, which this build of distlock-mysql lacks: enable its `tls` \
+                     feature (or the facade's)",
+                ));
+            }
+            if key.ends_with("ca") {
+                config.ssl_ca = Some(PathBuf::from(v));
+            } else {
                 let mode = v.parse::<MySqlSslMode>().map_err(|_| {
                     q.invalid(
                         key,
@@ -216,19 +220,6 @@ impl MysqlConfig {
                     )
                 })?;
                 config.ssl_mode = Some(mode);
-            }
-        }
-        for key in ["ssl-ca", "ssl_ca"] {
-            if let Some(v) = q.take_str(key) {
-                if !cfg!(feature = "tls") {
-                    return Err(q.invalid(
-                        key,
-                        &v,
-                        "names a CA for TLS, which this build of distlock-mysql lacks: enable \
-                         its `tls` feature (or the facade's)",
-                    ));
-                }
-                config.ssl_ca = Some(PathBuf::from(v));
             }
         }
         q.finish(&[
