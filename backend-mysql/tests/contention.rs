@@ -269,3 +269,42 @@ async fn a_release_wakes_the_same_handles_polling_waiter_without_waiting_out_its
     drop(locks);
     tables.drop_all().await;
 }
+
+/// The same wake-up when the holder's guard is dropped on a plain thread (no runtime there):
+/// the drop hands the release to the client's runtime, which wakes the waiter as an explicit
+/// release does, long before the 5 s a waiter sleeps between attempts at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_on_a_plain_thread_wakes_the_same_handles_polling_waiter() {
+    if common::skipped() {
+        return;
+    }
+    let tables = PrivateTables::new("dropwake");
+    let config = tables
+        .config()
+        .backoff(Duration::from_secs(60), Duration::from_secs(60));
+    let locks = Arc::new(MysqlLock::connect(config).await.expect("connect"));
+    let held = locks.try_lock("wake").await.unwrap().expect("free");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let guard = locks
+                .lock("wake", Duration::from_secs(30))
+                .await
+                .expect("granted within the wait bound");
+            (started.elapsed(), guard)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::thread::spawn(move || drop(held))
+        .join()
+        .expect("the plain thread");
+    let (waited, guard) = waiter.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(3),
+        "the waiter sat out its backoff: granted after {waited:?}"
+    );
+    assert!(guard.release().await.unwrap());
+    drop(locks);
+    tables.drop_all().await;
+}
