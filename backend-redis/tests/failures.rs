@@ -194,6 +194,58 @@ async fn redlock_tokens_increase_across_different_majorities() {
     assert!(g2.release().await.unwrap());
 }
 
+/// When the granting majority's counters agree, the derived token needs no write-back round
+/// (nothing is written on the masters); when they do not, it is written back, and tokens keep
+/// increasing across majorities either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_writes_the_token_back_only_when_the_majority_disagrees() {
+    if skipped() {
+        return;
+    }
+    let (mut a, b, mut c) = (
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
+        PrivateRedis::start_free(),
+    );
+    let locks = redlock(&[&a, &b, &c]).await.unwrap();
+    let name = LockName::new("agree").unwrap();
+    let key = RedisConfig::from_url(&a.url()).unwrap().lock_key(&name);
+    async fn fence_on(server: &PrivateRedis, key: &str) -> Option<u64> {
+        let mut raw = common::raw(&server.url()).await.unwrap();
+        raw.hget(key, "#fence").await.unwrap()
+    }
+    // {A, B}, both counters at 0: both answer 1, so the grant's token is 1 with no write-back.
+    c.stop();
+    let g = locks.try_lock("agree").await.unwrap().expect("free");
+    assert_eq!(g.token().0, 1);
+    assert_eq!(
+        (fence_on(&a, &key).await, fence_on(&b, &key).await),
+        (None, None),
+        "a majority agreeing on the token needs no write-back"
+    );
+    assert!(g.release().await.unwrap());
+    // {B, C}: B's counter is ahead of C's (C was down for the first grant, and every attempt
+    // while C comes back counts on B only), so the token, B's, is written back to both, and
+    // re-entry and the next grant keep to the order.
+    a.stop();
+    c.restart();
+    let g2 = eventually(|| locks.try_lock("agree")).await.expect("free");
+    let t2 = g2.token().0;
+    assert!(t2 > 1, "token went back to {t2}");
+    assert_eq!(
+        (fence_on(&b, &key).await, fence_on(&c, &key).await),
+        (Some(t2), Some(t2)),
+        "counters that disagree get the derived token written back"
+    );
+    let g3 = g2.reenter().await.expect("held by us");
+    assert_eq!((g3.token(), g3.hold_count()), (g2.token(), 2));
+    assert!(g3.release().await.unwrap());
+    assert!(g2.release().await.unwrap());
+    let g4 = eventually(|| locks.try_lock("agree")).await.expect("free");
+    assert!(g4.token().0 > t2, "token went back to {}", g4.token());
+    assert!(g4.release().await.unwrap());
+}
+
 /// With the `tls` feature, `rediss://` to a server that does not speak TLS is an error (no
 /// crypto provider installed, or a failed handshake), never a panic or a hang.
 #[cfg(feature = "tls")]

@@ -452,6 +452,14 @@ async fn acquire_waiting(
             // this handle (counted from before the attempt, so one that lands while the
             // attempt is in flight is not missed).
             let local = this.core().wakes().waiter(&req.name);
+            // One waiter of this handle polls for the name; the rest queue here, FIFO, and send
+            // nothing. A queued waiter whose bound runs out makes the one last attempt.
+            let Some(_turn) = local.turn(deadline).await else {
+                return match attempt_once(this, req).await? {
+                    Attempt::Granted(g) => Ok(g),
+                    Attempt::Held { .. } => Err(wait::timeout(wait)),
+                };
+            };
             let seen = AtomicU64::new(local.releases());
             wait::notified(
                 deadline,

@@ -1,46 +1,54 @@
-//! Same-handle wake-ups for backends that poll: a release through a client handle wakes that
-//! handle's own waiters for the name at once, instead of at their next backoff step. Waiters of
-//! other handles (other processes) still find the lock free by polling.
+//! Same-handle waiting for backends that poll: one waiter of a client handle polls the server
+//! for a name at a time, the others queue in the handle in the order they came (FIFO), and a
+//! release through the handle wakes the polling one at once instead of at its next backoff
+//! step. Waiters of other handles (other processes) still find the lock free by polling.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::name::LockName;
 
-/// The polling waiters of one client handle, by lock name: a counter of releases per name that
-/// has waiters, which they watch.
+/// The waiters of one name in one handle: a counter of releases, which they watch, and the turn
+/// to poll, which they take one at a time in FIFO order (Tokio's semaphore queues fairly).
+struct NameWaiters {
+    releases: watch::Sender<u64>,
+    turn: Arc<Semaphore>,
+}
+
+/// The polling waiters of one client handle, by lock name.
 #[derive(Default)]
 pub(crate) struct LocalWakes {
-    names: Mutex<HashMap<LockName, watch::Sender<u64>>>,
+    names: Mutex<HashMap<LockName, NameWaiters>>,
 }
 
 impl LocalWakes {
-    fn names(&self) -> MutexGuard<'_, HashMap<LockName, watch::Sender<u64>>> {
+    fn names(&self) -> MutexGuard<'_, HashMap<LockName, NameWaiters>> {
         // Every update is one insert, remove or counter bump: a poisoned map is consistent.
         self.names.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Registers a waiter for `name` until the returned value drops.
     pub(crate) fn waiter(&self, name: &LockName) -> LocalWaiter<'_> {
-        let rx = self
-            .names()
-            .entry(name.clone())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
+        let mut names = self.names();
+        let entry = names.entry(name.clone()).or_insert_with(|| NameWaiters {
+            releases: watch::channel(0).0,
+            turn: Arc::new(Semaphore::new(1)),
+        });
         LocalWaiter {
             wakes: self,
             name: name.clone(),
-            rx,
+            rx: entry.releases.subscribe(),
+            turn: entry.turn.clone(),
         }
     }
 
     /// A release of `name` went through this handle: wakes its waiters for the name, if any.
     pub(crate) fn released(&self, name: &LockName) {
-        if let Some(tx) = self.names().get(name) {
-            tx.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(w) = self.names().get(name) {
+            w.releases.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -55,9 +63,22 @@ pub(crate) struct LocalWaiter<'a> {
     wakes: &'a LocalWakes,
     name: LockName,
     rx: watch::Receiver<u64>,
+    turn: Arc<Semaphore>,
 }
 
 impl LocalWaiter<'_> {
+    /// Waits for this waiter's turn to poll the server for the name, which it has until the
+    /// returned permit drops: the handle's waiters for a name take it one at a time, in the
+    /// order they asked. `None` if `deadline` came first.
+    pub(crate) async fn turn(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        let turn = self.turn.clone().acquire_owned();
+        // The semaphore is never closed: an error cannot happen, and would read as no turn.
+        tokio::time::timeout_at(deadline.into(), turn)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
     /// How many releases of the name this handle has made while waiters watched: read before an
     /// attempt, and passed to [`wait`](Self::wait) after it, so a release that lands while the
     /// attempt is in flight still wakes the wait that follows.
@@ -81,7 +102,7 @@ impl Drop for LocalWaiter<'_> {
         // Only this waiter's receiver is left: the name has no waiters any more.
         if names
             .get(&self.name)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
+            .is_some_and(|w| w.releases.receiver_count() <= 1)
         {
             names.remove(&self.name);
         }

@@ -14,6 +14,15 @@ use crate::server::Acquired;
 
 use super::*;
 
+/// A won round's grant, which late answers join: its id in the late table, its token, and
+/// whether it is a fresh grant (not a re-entry of a held one).
+#[derive(Clone, Copy)]
+pub(super) struct Join {
+    id: u64,
+    token: u64,
+    fresh: bool,
+}
+
 impl Shared {
     pub(super) async fn attempt(self: &Arc<Self>, req: &AcquireRequest) -> Result<Attempt> {
         let (name, owner, ttl) = (&req.name, &req.owner, req.ttl);
@@ -81,7 +90,12 @@ impl Shared {
                 let id = (!pending.is_empty())
                     .then(|| self.late().open(n, sent_at + ttl + self.response_timeout));
                 if let Some(id) = id {
-                    self.settle_late(pending, name, owner, ttl, Some((id, token)));
+                    // A fresh grant (a hold of count 1 on each master that answered) may find
+                    // a late master's answer lost: whatever that master holds for this owner is
+                    // then this round's, and is found by reading it.
+                    let fresh = granted.iter().all(|g| g.2 == 1);
+                    let join = Join { id, token, fresh };
+                    self.settle_late(pending, name, owner, ttl, Some(join));
                 }
                 // Releases needed before fewer than a majority hold it: the quorum-th largest
                 // count.
@@ -129,6 +143,13 @@ impl Shared {
                 .unwrap_or(0)
         } else {
             let derived = granted.iter().map(|g| g.1.max(g.3)).max().unwrap_or(0);
+            // Masters whose own counter already returned the derived token need no write-back:
+            // their counter stands at it from the moment of the grant. When a majority did (the
+            // counters agree, as they do whenever grants reach every master), the round is not
+            // sent at all: a fresh grant costs one round, like a lock without fencing.
+            if granted.iter().filter(|g| g.1 == derived).count() >= self.quorum {
+                return (Instant::now() < valid_until).then_some(derived);
+            }
             let targets: Vec<usize> = granted.iter().map(|g| g.0).collect();
             let mine: Vec<u64> = {
                 let mut t = vec![0; self.n()];
@@ -154,29 +175,42 @@ impl Shared {
     }
 
     /// Hands the acquires of a round still in flight to the background. With `join` (the
-    /// round's grant id and token), each late grant gets the token written and joins the grant,
-    /// or is released if the grant is gone by then; without, every late grant is released. A
+    /// round's grant), each late grant gets the token written and joins the grant, or is
+    /// released if the grant is gone by then; without, every late grant is released. A
     /// release is sent until it is answered or the lease (`ttl`) has run out, so a late grant
-    /// never outlives its round's decision by a whole lease.
+    /// never outlives its round's decision by a whole lease. For a fresh grant, a late answer
+    /// that is lost (the master may have granted it) is settled by reading the master once it
+    /// answers again.
     pub(super) fn settle_late(
         self: &Arc<Self>,
         pending: Pending<Acquired>,
         name: &LockName,
         owner: &OwnerId,
         ttl: Duration,
-        join: Option<(u64, u64)>,
+        join: Option<Join>,
     ) {
         let until = Instant::now() + ttl + drift(ttl);
         let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
         finish_late(pending, move |i, r| {
-            let Ok(Acquired::Granted { token: t, .. }) = r else {
-                return None;
+            let t = match r {
+                Ok(Acquired::Granted { token: t, .. }) => Some(t),
+                Err(_) if join.is_some_and(|j| j.fresh) => None,
+                _ => return None,
             };
             let (s, name, owner) = (s.clone(), name.clone(), owner.clone());
             Some(
                 async move {
-                    if let Some((id, token)) = join {
-                        if s.join_until(i, &name, &owner, t, (id, token), until).await {
+                    let t = match t {
+                        Some(t) => t,
+                        None => match s.read_lost_grant(i, &name, &owner, until).await {
+                            Some(t) => t,
+                            None => return,
+                        },
+                    };
+                    if let Some(j) = join {
+                        if s.join_until(i, &name, &owner, t, (j.id, j.token), until)
+                            .await
+                        {
                             return;
                         }
                     }
@@ -185,6 +219,34 @@ impl Shared {
                 .boxed(),
             )
         });
+    }
+
+    /// Master `i`'s token of a fresh hold of `owner` whose acquire answer was lost, read once
+    /// the master answers again (until `until`); `None` if it holds none (the acquire never
+    /// applied, or its lease ran out).
+    async fn read_lost_grant(
+        &self,
+        i: usize,
+        name: &LockName,
+        owner: &OwnerId,
+        until: Instant,
+    ) -> Option<u64> {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            match self.servers[i].inspect(name).await {
+                // A hold of this owner there is this round's (owners are per acquisition), or,
+                // under an explicit owner, one its other holds of the name share: joining it
+                // adds one release there for the one hold this round may have added.
+                Ok(Some(h)) if h.owner == *owner => return Some(h.token),
+                Ok(_) => return None,
+                Err(_) => {}
+            }
+            let pause = backoff.next_delay();
+            if Instant::now() + pause >= until {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Releases the holds (master, token) a failed round got, waiting up to `within` for every
@@ -277,6 +339,16 @@ impl Shared {
         (id, token): (u64, u64),
         until: Instant,
     ) -> bool {
+        if t == token {
+            // This master's counter gave the grant's token itself: nothing to write.
+            return match self.late().joined.get_mut(&id) {
+                Some(j) => {
+                    j.tokens[i] = t;
+                    true
+                }
+                None => false,
+            };
+        }
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
             if !self.late().joined.contains_key(&id) {

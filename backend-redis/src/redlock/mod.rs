@@ -30,7 +30,12 @@
 //! and the master was locked by the earlier grant until then), so it returns more than `T`, and
 //! the later token, a maximum that includes it, is greater than `T`. This needs no clock
 //! assumption; it fails only if a master loses its counters (restart without persistence).
-//! Late grants joined afterwards get `T` written too, which only raises counters.
+//! A master whose own `INCR` returned `T` needs no write-back (its counter is at `T` from the
+//! grant on, and the grant held it from then), so when a majority of the granting answers
+//! already agree on `T` — the usual case, since every grant reaches every master and the
+//! counters move together — the write-back round is skipped and a fresh grant costs one round.
+//! Late grants joined afterwards get `T` written too (unless their counter gave `T` itself),
+//! which only raises counters.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

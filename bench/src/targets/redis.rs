@@ -125,9 +125,10 @@ impl Target for RedlockTarget {
 
     fn floor_ops(&self) -> FloorOps {
         FloorOps {
-            what: "on all masters at once: EVALSHA acquire.lua, then fence.lua (the derived \
-                   fencing token), then release.lua",
-            round_trips: 3,
+            what: "on all masters at once: EVALSHA acquire.lua, then release.lua (fence.lua, \
+                   the derived token's write-back, only when the majority's counters disagree, \
+                   as in the client)",
+            round_trips: 2,
         }
     }
 }
@@ -207,7 +208,8 @@ struct ScriptFloor {
     servers: Vec<ConnectionManager>,
     keys: Keys,
     owner: OwnerId,
-    /// RedLock records the derived token on every master before the grant counts.
+    /// RedLock records the derived token on the masters before the grant counts, when their
+    /// counters disagree.
     fence: bool,
 }
 
@@ -251,8 +253,10 @@ impl Floor for ScriptFloor {
                 _ => return Err(format!("floor: acquire not granted: {reply:?}").into()),
             }
         }
-        if self.fence {
-            let derived = tokens.iter().copied().max().unwrap_or(0);
+        let derived = tokens.iter().copied().max().unwrap_or(0);
+        let quorum = self.servers.len() / 2 + 1;
+        // As the client does: no write-back round when a majority's counters gave the token.
+        if self.fence && tokens.iter().filter(|&&t| t == derived).count() < quorum {
             try_join_all(self.servers.iter().zip(&tokens).map(|(conn, token)| {
                 let mut conn = conn.clone();
                 let mut inv = s.fence.prepare_invoke();

@@ -1,0 +1,172 @@
+//! How a polling backend's waiters share one client handle: one of them polls the server for a
+//! name at a time, the rest queue in the handle in FIFO order, and a release through the handle
+//! hands the lock to the polling one at once. Checked over the history of tasks contending on
+//! one handle, with a backoff so long (60 s) that any hand-off not made by a same-handle
+//! wake-up would run into the acquire's wait bound and fail.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::{AcquireRequest, ClientCore};
+use distlock_api::{
+    Capabilities, DistributedLock, ErrorKind, Grant, LockExt, LockInfo, LockName, MemoryStore,
+    Result,
+};
+
+/// A memory client that waits by polling, as MySQL, MongoDB and RedLock do, and counts the
+/// attempts it sends.
+struct Polled {
+    inner: distlock_api::MemoryLock,
+    attempts: AtomicUsize,
+}
+
+#[distlock_api::backend::async_trait]
+impl DistributedLock for Polled {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn core(&self) -> &ClientCore {
+        self.inner.core()
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Poll(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
+    }
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.inner.attempt(req).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.inner.release(grant).await
+    }
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.inner.renew(grant, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+fn polled(store: &MemoryStore) -> Arc<Polled> {
+    Arc::new(Polled {
+        inner: store.client(),
+        attempts: AtomicUsize::new(0),
+    })
+}
+
+const TASKS: usize = 6;
+const ROUNDS: usize = 15;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_on_one_handle_take_turns_fifo_with_one_poller_and_no_barging() {
+    let store = MemoryStore::new();
+    let lock = polled(&store);
+    let inside = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(Vec::new()));
+    // The first holder keeps the lock until every task is queued behind it.
+    let first = lock.try_lock("hot").await.unwrap().expect("free");
+    let queued = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (lock, inside, history, queued) = (
+            lock.clone(),
+            inside.clone(),
+            history.clone(),
+            queued.clone(),
+        );
+        // Start them one by one so the queue's order is the task order.
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let acquiring = lock.lock("hot", Duration::from_secs(30));
+                if round == 0 {
+                    queued.fetch_add(1, Ordering::SeqCst);
+                }
+                let guard = acquiring.await.unwrap();
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "two tasks of one handle held the lock at once"
+                );
+                history.lock().unwrap().push(t);
+                tokio::task::yield_now().await;
+                inside.store(false, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap());
+            }
+        }));
+        // Let task t reach its place in the queue before the next one starts.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while queued.load(Ordering::SeqCst) < TASKS {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = lock.attempts.load(Ordering::SeqCst);
+    assert!(first.release().await.unwrap());
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let history = history.lock().unwrap().clone();
+    assert_eq!(history.len(), TASKS * ROUNDS);
+    // FIFO with no barging: a task that releases and asks again queues behind all the others,
+    // so the grants go round in the order the tasks first queued.
+    let expected: Vec<usize> = (0..TASKS * ROUNDS).map(|i| i % TASKS).collect();
+    assert_eq!(history, expected, "grants out of FIFO order");
+    // One poller: each grant costs the attempt that wins it, plus one that finds the lock held
+    // when the turn passes to the next waiter. Every waiter polling would cost about one attempt
+    // per waiter per release.
+    let attempts = lock.attempts.load(Ordering::SeqCst) - before;
+    assert!(
+        attempts <= 2 * TASKS * ROUNDS + TASKS,
+        "{attempts} attempts for {} grants",
+        TASKS * ROUNDS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_times_out_at_its_bound_and_a_dropped_one_leaves_the_queue() {
+    let store = MemoryStore::new();
+    let lock = polled(&store);
+    let held = lock.try_lock("q").await.unwrap().expect("free");
+    // The poller: its backoff (60 s) is longer than everything below.
+    let poller = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock("q", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Queued behind the poller: times out at its bound, with one last attempt.
+    let before = lock.attempts.load(Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let err = lock
+        .lock("q", Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(
+        lock.attempts.load(Ordering::SeqCst) - before,
+        1,
+        "a queued waiter sends only its last attempt"
+    );
+    // Another queued waiter, dropped while it waits: it leaves no place behind.
+    let dropped = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock("q", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    // The release wakes the poller, which gets the lock; then a new waiter gets its turn.
+    assert!(held.release().await.unwrap());
+    let second = poller.await.unwrap().unwrap();
+    let third = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock("q", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(second.release().await.unwrap());
+    let third = third.await.unwrap().unwrap();
+    assert!(third.release().await.unwrap());
+}
