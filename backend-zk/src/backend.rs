@@ -70,6 +70,7 @@ impl ZkLock {
         let inner = Arc::new(Inner {
             core,
             base: config.base_path.clone(),
+            acl: config.get_node_acl(),
             session: RwLock::new(Arc::new(session)),
             holds: Mutex::new(HashMap::new()),
             no_multi_read: AtomicBool::new(false),

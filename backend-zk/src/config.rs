@@ -2,6 +2,8 @@
 //! options and the builder style are those of [`distlock_api::config`].
 
 use std::fmt;
+#[cfg(feature = "tls")]
+use std::path::PathBuf;
 use std::time::Duration;
 
 use distlock_api::config::ConfigUrl;
@@ -28,6 +30,45 @@ const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 const BACKEND: &str = "zk";
 
+/// The ACL every node the backend creates gets: lock nodes, queue nodes, and the chroot and
+/// base path where they are missing. Nodes that already exist keep the ACL they have.
+///
+/// The default is [`NodeAcl::Creator`] when the config has digest credentials
+/// ([`ZkConfig::digest_auth`] or `user:password@` in the URL) and [`NodeAcl::Open`] otherwise;
+/// [`ZkConfig::node_acl`] (URL option `acl=open|creator`) chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeAcl {
+    /// `world:anyone` with every permission: any client of the ensemble may read, queue on and
+    /// delete the nodes (ZooKeeper's `OPEN_ACL_UNSAFE`).
+    Open,
+    /// Every permission for the identities the creating session authenticated as (the `auth`
+    /// scheme, ZooKeeper's `CREATOR_ALL_ACL`), none for anyone else: only clients with the
+    /// same credentials can see a lock, queue on it or delete its holder's node. The session
+    /// must have an identity (digest credentials, or one its connector or a TLS client
+    /// certificate gives); without one the server refuses the create.
+    Creator,
+}
+
+impl NodeAcl {
+    /// The driver's ACL list.
+    pub(crate) fn acls(self) -> zookeeper_client::Acls<'static> {
+        match self {
+            NodeAcl::Open => zookeeper_client::Acls::anyone_all(),
+            NodeAcl::Creator => zookeeper_client::Acls::creator_all(),
+        }
+    }
+}
+
+/// The PEM files of a TLS connection: the CA that signed the servers' certificates and,
+/// optionally, a client certificate and its key.
+#[cfg(feature = "tls")]
+#[derive(Clone, Debug)]
+pub(crate) struct TlsFiles {
+    pub(crate) ca: PathBuf,
+    pub(crate) identity: Option<(PathBuf, PathBuf)>,
+}
+
 /// How to reach the ensemble and where the lock nodes live.
 ///
 /// ```
@@ -53,17 +94,29 @@ pub struct ZkConfig {
     pub(crate) client: ClientOptions,
     /// The application's session builder (see [`ZkConfig::connector`]).
     pub(crate) connector: Option<zookeeper_client::Connector>,
+    /// Digest credentials (user, password) every session authenticates with.
+    pub(crate) digest: Option<(String, String)>,
+    /// The ACL chosen for created nodes; `None`: by whether there are digest credentials.
+    pub(crate) acl: Option<NodeAcl>,
+    /// TLS to every server (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<TlsFiles>,
 }
 
 impl fmt::Debug for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkConfig")
-            .field("hosts", &self.hosts)
+        let mut d = f.debug_struct("ZkConfig");
+        d.field("hosts", &self.hosts)
             .field("chroot", &self.chroot)
             .field("base_path", &self.base_path)
             .field("client", &self.client)
             .field("own_connector", &self.connector.is_some())
-            .finish()
+            // Never the password.
+            .field("digest_user", &self.digest.as_ref().map(|(user, _)| user))
+            .field("node_acl", &self.get_node_acl());
+        #[cfg(feature = "tls")]
+        d.field("tls", &self.tls);
+        d.finish()
     }
 }
 
@@ -74,24 +127,35 @@ impl ZkConfig {
         Self::from_url(&format!("zk://{hosts}"))
     }
 
-    /// Parses `zk://host1[:port],host2[:port]/chroot?option=value&…`.
+    /// Parses `zk://[user:password@]host1[:port],host2[:port]/chroot?option=value&…`.
     ///
-    /// The chroot is optional; it is created (as persistent nodes) if missing. Options: the
-    /// shared ones of [`distlock_api::config`] (`default_ttl` is the session timeout asked for;
-    /// `session_timeout` is accepted as its older name) and `base_path` (URL-escaped where
-    /// needed). Credentials in the URL, an unknown option, a bad host, port or path are
+    /// The chroot is optional; it is created (as persistent nodes) if missing. `user:password`
+    /// (percent-encoded where needed) are digest credentials, as
+    /// [`digest_auth`](Self::digest_auth) sets them. Options: the shared ones of
+    /// [`distlock_api::config`] (`default_ttl` is the session timeout asked for;
+    /// `session_timeout` is accepted as its older name), `base_path` (URL-escaped where
+    /// needed), `acl` (`open` or `creator`, see [`NodeAcl`]) and, with the `tls` feature,
+    /// `tls_ca` (a PEM file: TLS to every host, trusting that CA) with `tls_cert` and `tls_key`
+    /// (PEM files of a client certificate). A user without a password, an unknown option, a
+    /// bad host, port or path, and TLS options in a build without the `tls` feature are
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument).
     pub fn from_url(raw: &str) -> Result<Self> {
         let url = ConfigUrl::parse(BACKEND, raw)?;
         if !url.scheme.eq_ignore_ascii_case("zk") {
             return Err(url.invalid("not a zk:// URL"));
         }
-        if url.user.is_some() {
-            return Err(url.invalid(
-                "credentials in a zk:// URL are not supported: the backend creates its nodes \
-                 with open ACLs and does not authenticate",
-            ));
-        }
+        let digest = match url.user {
+            None => None,
+            Some(user) => {
+                let password = url.password.ok_or_else(|| {
+                    url.invalid("the user needs a password: zk://user:password@host")
+                })?;
+                let user = url.decode(user, "user name")?;
+                let password = url.decode(password, "password")?;
+                check_digest(&user, &password).map_err(|why| url.invalid(why))?;
+                Some((user, password))
+            }
+        };
         let hosts: Vec<String> = (url.hosts(DEFAULT_PORT)?.iter())
             .map(ToString::to_string)
             .collect();
@@ -105,6 +169,10 @@ impl ZkConfig {
                 DEFAULT_OPERATION_TIMEOUT,
             ),
             connector: None,
+            digest,
+            acl: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         };
         match url.path {
             None | Some("/") => {}
@@ -118,7 +186,48 @@ impl ZkConfig {
         if let Some(base) = query.take_str("base_path") {
             config.base_path = base;
         }
-        query.finish(&["base_path"])?;
+        if let Some(acl) = query.take_str("acl") {
+            config.acl = Some(match acl.as_str() {
+                "open" => NodeAcl::Open,
+                "creator" => NodeAcl::Creator,
+                _ => return Err(query.invalid("acl", &acl, "is not open or creator")),
+            });
+        }
+        let tls_ca = query.take_str("tls_ca");
+        let tls_cert = query.take_str("tls_cert");
+        let tls_key = query.take_str("tls_key");
+        let asked = [
+            ("tls_ca", &tls_ca),
+            ("tls_cert", &tls_cert),
+            ("tls_key", &tls_key),
+        ];
+        if let Some((key, Some(value))) = asked.iter().find(|(_, v)| v.is_some()) {
+            if !cfg!(feature = "tls") {
+                return Err(query.invalid(
+                    key,
+                    value,
+                    "asks for TLS, which this build of distlock-zk lacks: enable its `tls` \
+                     feature (or the facade's)",
+                ));
+            }
+            if tls_ca.is_none() {
+                return Err(url.invalid(
+                    "tls_cert and tls_key need tls_ca: the CA that signed the servers' \
+                     certificates (the client has no system trust store)",
+                ));
+            }
+            if tls_cert.is_some() != tls_key.is_some() {
+                return Err(url.invalid("tls_cert and tls_key go together"));
+            }
+        }
+        #[cfg(feature = "tls")]
+        if let Some(ca) = tls_ca {
+            config.tls = Some(TlsFiles {
+                ca: ca.into(),
+                identity: tls_cert.zip(tls_key).map(|(c, k)| (c.into(), k.into())),
+            });
+        }
+        query.finish(&["base_path", "acl", "tls_ca", "tls_cert", "tls_key"])?;
         config.validate()?;
         Ok(config)
     }
@@ -133,10 +242,15 @@ impl ZkConfig {
     }
 
     /// Opens every session with the application's own driver `Connector`: its authentication
-    /// (`with_auth`, e.g. digest), TLS, SASL and connection timeout. A ZooKeeper lock lives and
-    /// dies with its session, and the client opens a fresh session after one ends, so it takes
-    /// the recipe for a session rather than one `Client`. The session timeout asked for is still
-    /// [`default_ttl`](Self::default_ttl) (the lease of every lock), set on each session.
+    /// (`with_auth`, SASL) and connection timeout. A ZooKeeper lock lives and dies with its
+    /// session, and the client opens a fresh session after one ends, so it takes the recipe
+    /// for a session rather than one `Client`. The session timeout asked for is still
+    /// [`default_ttl`](Self::default_ttl) (the lease of every lock), set on each session; the
+    /// config's [`digest_auth`](Self::digest_auth) credentials are added. TLS comes from the
+    /// config (`tls_ca`, feature `tls`), not from the connector: without it the hosts are
+    /// dialled in plaintext. With the connector's own `with_auth`, the nodes stay open
+    /// ([`NodeAcl::Open`]) unless [`node_acl`](Self::node_acl) asks for
+    /// [`NodeAcl::Creator`].
     ///
     /// ```
     /// use distlock_zk::{zookeeper_client, ZkConfig};
@@ -150,6 +264,109 @@ impl ZkConfig {
         self
     }
 
+    /// Authenticates every session this client opens (the first and each one replacing an
+    /// expired session) with ZooKeeper's `digest` scheme as `user` with `password`, and makes
+    /// [`NodeAcl::Creator`] the default ACL of the nodes it creates. The user must be non-empty
+    /// without `:`, the password non-empty; [`validate`](Self::validate) checks.
+    ///
+    /// ZooKeeper accepts any digest credentials (it does not keep a user list): wrong ones are
+    /// another identity, which the ACL of nodes made with the right ones refuses (`NoAuth`).
+    ///
+    /// ```
+    /// use distlock_zk::{NodeAcl, ZkConfig};
+    ///
+    /// let config = ZkConfig::new("127.0.0.1:2181")?.digest_auth("app", "s3cret");
+    /// assert_eq!(config.get_node_acl(), NodeAcl::Creator);
+    /// assert_eq!(config.get_digest_user(), Some("app"));
+    /// // The same from a URL:
+    /// let config = ZkConfig::from_url("zk://app:s3cret@127.0.0.1:2181")?;
+    /// assert_eq!(config.get_digest_user(), Some("app"));
+    /// # Ok::<_, distlock_zk::Error>(())
+    /// ```
+    pub fn digest_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Chooses the ACL of the nodes this client creates (see [`NodeAcl`] for the default).
+    pub fn node_acl(mut self, acl: NodeAcl) -> Self {
+        self.acl = Some(acl);
+        self
+    }
+
+    /// The digest user every session authenticates as, if any.
+    pub fn get_digest_user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    /// The ACL of the nodes this client creates: the one chosen, else
+    /// [`NodeAcl::Creator`] with digest credentials and [`NodeAcl::Open`] without.
+    pub fn get_node_acl(&self) -> NodeAcl {
+        self.acl.unwrap_or(match self.digest {
+            Some(_) => NodeAcl::Creator,
+            None => NodeAcl::Open,
+        })
+    }
+
+    /// Connects to every server over TLS, trusting the CA certificates in the PEM file
+    /// `ca_pem` (the driver has no system trust store), and checking that each server's
+    /// certificate names the host as the connect string spells it. The file is read when a
+    /// session is opened, so a replaced CA file is picked up by the next session. Feature
+    /// `tls`; URL option `tls_ca`. The server needs ZooKeeper's Netty connection factory and
+    /// a `secureClientPort` (see the crate docs).
+    #[cfg(feature = "tls")]
+    pub fn tls_ca(mut self, ca_pem: impl Into<PathBuf>) -> Self {
+        match &mut self.tls {
+            Some(tls) => tls.ca = ca_pem.into(),
+            None => {
+                self.tls = Some(TlsFiles {
+                    ca: ca_pem.into(),
+                    identity: None,
+                })
+            }
+        }
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` with its private key `key_pem` (PEM files)
+    /// in the TLS handshake, for a server that asks for one (`ssl.clientAuth`) or
+    /// authenticates clients by certificate (ZooKeeper's `x509` scheme). Needs
+    /// [`tls_ca`](Self::tls_ca). Feature `tls`; URL options `tls_cert` and `tls_key`.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<PathBuf>,
+        key_pem: impl Into<PathBuf>,
+    ) -> Self {
+        let identity = Some((cert_pem.into(), key_pem.into()));
+        match &mut self.tls {
+            Some(tls) => tls.identity = identity,
+            None => {
+                self.tls = Some(TlsFiles {
+                    ca: PathBuf::new(),
+                    identity,
+                })
+            }
+        }
+        self
+    }
+
+    /// Whether the TLS handshake presents a client certificate (an `x509` identity).
+    fn has_client_cert(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.as_ref().is_some_and(|t| t.identity.is_some());
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// Whether sessions are opened over TLS.
+    pub fn uses_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
     /// Checks every option; [`ZkLock::connect`](crate::ZkLock::connect) calls it before any
     /// I/O. The TTL ([`default_ttl`](ZkConfig::default_ttl)) is the session timeout to ask for,
     /// 1 ms ..= 24 h: the lease of every lock this client holds. The server clamps it to its
@@ -160,6 +377,27 @@ impl ZkConfig {
             validate_path("chroot", chroot)?;
         }
         validate_path("base path", &self.base_path)?;
+        if let Some((user, password)) = &self.digest {
+            check_digest(user, password).map_err(invalid)?;
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            if tls.ca.as_os_str().is_empty() {
+                return Err(invalid(
+                    "a TLS client certificate needs tls_ca: the CA that signed the servers' \
+                     certificates (the client has no system trust store)",
+                ));
+            }
+        }
+        let has_identity =
+            self.digest.is_some() || self.connector.is_some() || self.has_client_cert();
+        if self.get_node_acl() == NodeAcl::Creator && !has_identity {
+            return Err(invalid(
+                "acl=creator needs an identity to grant the nodes to: digest credentials \
+                 (user:password@ in the URL, or digest_auth), a connector that authenticates, \
+                 or a TLS client certificate",
+            ));
+        }
         let ttl = self.client.default_ttl;
         if ttl > MAX_SESSION_TIMEOUT {
             return Err(invalid(format!(
@@ -192,6 +430,27 @@ impl ZkConfig {
             Some(root) => format!("{root}{}", self.base_path),
         }
     }
+}
+
+/// Checks digest credentials: ZooKeeper splits `user:password` at the first `:`.
+fn check_digest(user: &str, password: &str) -> std::result::Result<(), String> {
+    if user.is_empty() {
+        return Err("the digest user name is empty".into());
+    }
+    if user.contains(':') {
+        return Err(
+            "the digest user name contains ':', which ZooKeeper cannot tell from \
+                    the password"
+                .into(),
+        );
+    }
+    if user.chars().any(char::is_control) {
+        return Err("the digest user name contains a control character".into());
+    }
+    if password.is_empty() {
+        return Err(format!("the digest user {user:?} has an empty password"));
+    }
+    Ok(())
 }
 
 fn invalid(message: impl Into<String>) -> Error {
@@ -278,7 +537,17 @@ mod tests {
             "zk://h,,g",
             "zk://[::1",
             "zk://[::1]x",
-            "zk://user:pw@h",
+            "zk://user@h",
+            "zk://:pw@h",
+            "zk://user:@h",
+            "zk://us%3Aer:pw@h",
+            "zk://us%0Aer:pw@h",
+            "zk://user:p%ZZ@h",
+            "zk://h?acl=closed",
+            "zk://h?acl=creator",
+            "zk://h?tls_cert=/c.pem&tls_key=/k.pem",
+            "zk://h?tls_ca=/ca.pem&tls_cert=/c.pem",
+            "zk://h?tls_ca=/ca.pem&tls_key=/k.pem",
             "zk://h/a//b",
             "zk://h/a/",
             "zk://h/a/../b",
@@ -297,6 +566,94 @@ mod tests {
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
             assert_eq!(e.backend(), Some("zk"));
         }
+    }
+
+    #[test]
+    fn digest_credentials_from_the_url_choose_the_creator_acl_and_stay_out_of_debug() {
+        let c = ZkConfig::from_url("zk://app:p%3Ass%40w@h:2181/r").unwrap();
+        assert_eq!(c.get_digest_user(), Some("app"));
+        assert_eq!(
+            c.digest,
+            Some(("app".to_string(), "p:ss@w".to_string())),
+            "percent-decoded, ':' allowed in the password"
+        );
+        assert_eq!(c.get_node_acl(), NodeAcl::Creator);
+        assert_eq!(c.hosts(), "h:2181");
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("p:ss"), "password in Debug: {debug}");
+        assert!(debug.contains("app"), "{debug}");
+
+        let c = ZkConfig::from_url("zk://app:pw@h?acl=open").unwrap();
+        assert_eq!(
+            c.get_node_acl(),
+            NodeAcl::Open,
+            "acl= overrides the default"
+        );
+        let c = ZkConfig::from_url("zk://h").unwrap();
+        assert_eq!(c.get_node_acl(), NodeAcl::Open);
+        assert_eq!(c.get_digest_user(), None);
+
+        let e = ZkConfig::from_url("zk://user:secret-pw@h?acl=bad").unwrap_err();
+        assert!(
+            !e.to_string().contains("secret-pw"),
+            "password in error: {e}"
+        );
+    }
+
+    #[test]
+    fn tls_options_are_taken_with_the_feature_and_refused_naming_it_without() {
+        let url = "zk://h:2281?tls_ca=/etc/zk/ca.pem&tls_cert=/c.pem&tls_key=/k.pem";
+        let parsed = ZkConfig::from_url(url);
+        #[cfg(feature = "tls")]
+        {
+            let c = parsed.expect("TLS options with the feature");
+            assert!(c.uses_tls());
+            let tls = c.tls.expect("tls files");
+            assert_eq!(tls.ca, std::path::Path::new("/etc/zk/ca.pem"));
+            assert_eq!(tls.identity, Some(("/c.pem".into(), "/k.pem".into())));
+            let c = ZkConfig::new("h")
+                .unwrap()
+                .tls_client_cert("/c.pem", "/k.pem");
+            assert_eq!(c.validate().unwrap_err().kind(), ErrorKind::InvalidArgument);
+            assert!(c.tls_ca("/ca.pem").validate().is_ok());
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let e = parsed.expect_err("no TLS in this build");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains("`tls` feature"), "{e}");
+        }
+        assert!(!ZkConfig::from_url("zk://h").unwrap().uses_tls());
+    }
+
+    #[test]
+    fn digest_and_acl_setters_validate() {
+        let c = ZkConfig::new("h").unwrap();
+        for (user, password) in [("", "pw"), ("a:b", "pw"), ("user", ""), ("u\n", "pw")] {
+            let e = (c.clone().digest_auth(user, password).validate()).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                ErrorKind::InvalidArgument,
+                "{user:?}/{password:?}"
+            );
+        }
+        let ok = c.clone().digest_auth("user", "pw");
+        assert!(ok.validate().is_ok());
+        assert_eq!(ok.get_node_acl(), NodeAcl::Creator);
+        assert_eq!(
+            ok.clone().node_acl(NodeAcl::Open).get_node_acl(),
+            NodeAcl::Open
+        );
+        // The creator ACL needs an identity: credentials, or a connector that may have one.
+        let creator = c.clone().node_acl(NodeAcl::Creator);
+        assert_eq!(
+            creator.validate().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        let with_connector = c
+            .node_acl(NodeAcl::Creator)
+            .connector(zookeeper_client::Client::connector().with_auth("digest", b"app:pw"));
+        assert!(with_connector.validate().is_ok());
     }
 
     #[test]

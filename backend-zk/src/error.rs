@@ -52,9 +52,23 @@ pub(crate) fn zk_error(e: zk::Error, what: &str) -> Error {
         ref e if !answered(e) => ErrorKind::Unavailable,
         _ => ErrorKind::Backend,
     };
-    Error::new(kind, what.to_string())
-        .with_source(e)
-        .with_backend("zk")
+    let message = match e {
+        zk::Error::NoAuth => format!(
+            "{what}: ZooKeeper refused it (NoAuth): the node's ACL does not grant this \
+             session's identity; lock nodes made with digest credentials (the creator ACL) are \
+             open only to sessions with the same user and password"
+        ),
+        zk::Error::InvalidAcl => format!(
+            "{what}: ZooKeeper refused the ACL (InvalidAcl): the creator ACL needs a session \
+             that authenticated (digest credentials, its connector's auth, or a TLS client \
+             certificate)"
+        ),
+        zk::Error::AuthFailed => {
+            format!("{what}: ZooKeeper refused the session's authentication (AuthFailed)")
+        }
+        _ => what.to_string(),
+    };
+    Error::new(kind, message).with_source(e).with_backend("zk")
 }
 
 /// The error of a request that got no answer within the per-request bound.

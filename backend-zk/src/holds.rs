@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use zookeeper_client as zk;
 
+use crate::config::NodeAcl;
 use crate::path;
 use crate::session::{request_error, Session, Sessions};
 
@@ -20,6 +21,8 @@ use crate::session::{request_error, Session, Sessions};
 pub(crate) struct Inner {
     pub(crate) core: ClientCore,
     pub(crate) base: String,
+    /// The ACL of the nodes this client creates.
+    pub(crate) acl: NodeAcl,
     pub(crate) session: RwLock<Arc<Session>>,
     pub(crate) holds: Mutex<HashMap<HoldKey, Hold>>,
     /// Set once the ensemble refused a multi-read (servers before 3.6): renewals then confirm

@@ -12,11 +12,13 @@ mod queue;
 mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use backend::{ZkLock, CAPABILITIES};
 pub use config::{
-    ZkConfig, DEFAULT_BASE_PATH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_PORT,
-    DEFAULT_SESSION_TIMEOUT,
+    NodeAcl, ZkConfig, DEFAULT_BASE_PATH, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
+    DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT,
 };
 pub use distlock_api::{
     Capabilities, DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo,

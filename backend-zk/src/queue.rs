@@ -136,7 +136,7 @@ impl Inner {
         pending: &mut QueueNodes,
     ) -> Result<(String, i64)> {
         let prefix_path = path::join(dir, &pending.prefix);
-        let mode = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mode = zk::CreateMode::EphemeralSequential.with_acls(self.acl.acls());
         let mut attempts = 0;
         // Whether an earlier create of ours went unanswered (and so may exist unknown to us).
         let mut lost_answers = pending.in_doubt;
@@ -172,12 +172,12 @@ impl Inner {
 
     /// Creates the lock's container node (and the base path, if it went missing).
     async fn make_lock_node(&self, s: &Session, dir: &str) -> Result<()> {
-        let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let container = zk::CreateMode::Container.with_acls(self.acl.acls());
         for _ in 0..2 {
             match s.call_again(|| s.client.create(dir, &[], &container)).await {
                 Ok(_) | Err(Some(zk::Error::NodeExists)) => return Ok(()),
                 Err(Some(zk::Error::NoNode)) => {
-                    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                    let persistent = zk::CreateMode::Persistent.with_acls(self.acl.acls());
                     s.call_again(|| s.client.mkdir(&self.base, &persistent))
                         .await
                         .map_err(|e| request_error(e, "cannot create the base path", s))?;

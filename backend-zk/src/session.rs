@@ -104,16 +104,32 @@ impl Session {
 /// connect timeout.
 pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
     let limit = config.client.connect_timeout;
+    let mut connector = (config.connector.clone())
+        .unwrap_or_else(zk::Client::connector)
+        .with_session_timeout(config.client.default_ttl);
+    if let Some((user, password)) = &config.digest {
+        connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+    }
+    #[cfg(feature = "tls")]
+    let secure = match &config.tls {
+        Some(files) => {
+            connector = connector.with_tls(crate::tls::options(files)?);
+            true
+        }
+        None => false,
+    };
     let connect = async {
-        let client = (config.connector.clone())
-            .unwrap_or_else(zk::Client::connector)
-            .with_session_timeout(config.client.default_ttl)
-            .connect(&config.hosts)
-            .await
-            .map_err(|e| zk_error(e, "cannot establish a session"))?;
+        #[cfg(feature = "tls")]
+        let client = match secure {
+            true => connector.secure_connect(&config.hosts).await,
+            false => connector.connect(&config.hosts).await,
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = connector.connect(&config.hosts).await;
+        let client = client.map_err(|e| zk_error(e, "cannot establish a session"))?;
         let base = config.absolute_base();
         if base != "/" {
-            let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let persistent = zk::CreateMode::Persistent.with_acls(config.get_node_acl().acls());
             client
                 .mkdir(&base, &persistent)
                 .await
@@ -131,8 +147,15 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
         Error::new(
             ErrorKind::Unavailable,
             format!(
-                "no ZooKeeper session with {} within the connect timeout of {limit:?}",
-                config.hosts
+                "no ZooKeeper session with {} within the connect timeout of {limit:?}{}",
+                config.hosts,
+                if config.uses_tls() {
+                    " (over TLS: a server that is not listening for TLS there, or whose \
+                     certificate the tls_ca does not sign or does not name the host as the \
+                     URL spells it, looks the same)"
+                } else {
+                    ""
+                }
             ),
         )
     })??;

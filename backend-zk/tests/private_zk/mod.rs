@@ -3,6 +3,10 @@
 //! starts the shared one, but on a loopback port of its own in 24000-24099, with its data in a
 //! temp directory. Dropping it kills the server and removes the directory; a small reaper
 //! process kills it too should the test process die without dropping it (a nextest timeout).
+//! [`PrivateZk::start_tls`] adds a TLS client port (Netty connection factory, PEM keystore).
+
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -14,6 +18,11 @@ use std::time::{Duration, Instant};
 /// names the jars it needs.
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 const CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar";
+/// The Netty connection factory (needed for a TLS port) also needs jars that the ZooKeeper
+/// jar's manifest does not name; Debian's `libnetty-java` (a dependency of the `zookeeper`
+/// package) has them.
+const NETTY_JARS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar:\
+                          /usr/share/java/netty-transport-native-unix-common.jar";
 const MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 const PORTS: std::ops::Range<u16> = 24000..24100;
 /// The longest a start may take before the test fails: a JVM on a loaded 2-core machine.
@@ -23,15 +32,37 @@ const HOW_TO_INSTALL: &str = "run `scripts/services up zookeeper` (it installs J
 
 pub(crate) struct PrivateZk {
     port: u16,
+    /// The TLS client port and the PEM files it serves, if any.
+    tls: Option<Tls>,
     dir: PathBuf,
     server: Option<Child>,
     reaper: Option<Child>,
+}
+
+/// A TLS client port: its number, the server's key and certificate chain in one PEM file
+/// (ZooKeeper's PEM keystore), and the CA file it trusts.
+struct Tls {
+    port: u16,
+    keystore: PathBuf,
+    ca: PathBuf,
 }
 
 impl PrivateZk {
     /// Starts a fresh server and waits until it serves requests. Panics (never skips) when
     /// Java or the ZooKeeper jar is missing, saying how to install them.
     pub(crate) fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Like [`start`](Self::start), with a TLS client port too, serving the certificate of
+    /// `certs` (key and certificate as PEM files, trusting its CA): the Netty connection
+    /// factory, `secureClientPort` and the `ssl.*` settings, with client certificates not
+    /// asked for. The plain port stays open for the readiness check.
+    pub(crate) fn start_tls(certs: &distlock_conformance::tls::TestCerts) -> Self {
+        Self::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&distlock_conformance::tls::TestCerts>) -> Self {
         check_installed();
         let dir = std::env::temp_dir().join(format!(
             "distlock-zk-private-{}-{:08x}",
@@ -39,8 +70,20 @@ impl PrivateZk {
             distlock_conformance::unique_suffix()
         ));
         std::fs::create_dir_all(dir.join("data")).expect("private ZooKeeper's temp dir");
+        let tls = certs.map(|certs| {
+            let keystore = dir.join("server-keystore.pem");
+            let mut pem = std::fs::read(certs.key()).expect("read the server key");
+            pem.extend(std::fs::read(certs.cert()).expect("read the server certificate"));
+            std::fs::write(&keystore, pem).expect("write the PEM keystore");
+            Tls {
+                port: 0,
+                keystore,
+                ca: certs.ca(),
+            }
+        });
         let mut zk = Self {
             port: 0,
+            tls,
             dir,
             server: None,
             reaper: None,
@@ -50,6 +93,11 @@ impl PrivateZk {
         let mut tried = Vec::new();
         for port in distlock_conformance::free_ports(PORTS) {
             zk.port = port;
+            if let Some(tls) = &mut zk.tls {
+                tls.port = distlock_conformance::free_ports(PORTS)
+                    .find(|&p| p != port)
+                    .expect("a second free port for TLS");
+            }
             zk.write_config();
             match zk.spawn() {
                 Ok(took) => {
@@ -81,6 +129,12 @@ impl PrivateZk {
     /// A `zk://` URL of the server.
     pub(crate) fn url(&self) -> String {
         format!("zk://{}", self.hosts())
+    }
+
+    /// `host:port` of the TLS client port (of a server started with `start_tls`).
+    pub(crate) fn tls_hosts(&self) -> String {
+        let tls = self.tls.as_ref().expect("a server started with start_tls");
+        format!("127.0.0.1:{}", tls.port)
     }
 
     /// The server's process id, while it runs.
@@ -134,7 +188,7 @@ impl PrivateZk {
     fn write_config(&self) {
         // The shared server's settings (scripts/services): a 200 ms tick allows session
         // timeouts from 400 ms, and the maximum is raised so a test may ask for long ones.
-        let config = format!(
+        let mut config = format!(
             "tickTime=200\n\
              dataDir={data}\n\
              clientPort={port}\n\
@@ -146,6 +200,23 @@ impl PrivateZk {
             data = self.dir.join("data").display(),
             port = self.port,
         );
+        if let Some(tls) = &self.tls {
+            // Keys the server does not know become `zookeeper.<key>` system properties,
+            // which is where the connection factory and the ssl.* settings are read.
+            config.push_str(&format!(
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 secureClientPort={port}\n\
+                 secureClientPortAddress=127.0.0.1\n\
+                 ssl.keyStore.location={keystore}\n\
+                 ssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={ca}\n\
+                 ssl.trustStore.type=PEM\n\
+                 ssl.clientAuth=none\n",
+                port = tls.port,
+                keystore = tls.keystore.display(),
+                ca = tls.ca.display(),
+            ));
+        }
         std::fs::write(self.dir.join("zoo.cfg"), config).expect("write zoo.cfg");
     }
 
@@ -164,7 +235,12 @@ impl PrivateZk {
             // A 1 MB transaction log preallocation instead of 64 MB: disk space is scarce.
             .arg("-Dzookeeper.preAllocSize=1024")
             .arg("-Dznode.container.checkIntervalMs=1000")
-            .args(["-cp", CLASSPATH, MAIN])
+            .arg("-cp")
+            .arg(match self.tls {
+                None => CLASSPATH.to_string(),
+                Some(_) => format!("{CLASSPATH}:{NETTY_JARS}"),
+            })
+            .arg(MAIN)
             .arg(self.dir.join("zoo.cfg"))
             .stdin(Stdio::null())
             .stdout(log)
