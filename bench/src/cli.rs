@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::libraries::Library;
 use crate::targets::Kind;
 
 pub(crate) const USAGE: &str = "\
@@ -12,7 +13,10 @@ usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
                  at most ten minutes for every backend together
   --out DIR      where report.md, report.html and results.json go (default bench/report)
   --only NAMES   only these, comma-separated: memory, redis, redlock, mysql, mongo, zk, etcd,
-                 rslock (the peer crate; it runs with redis unless --only leaves both out)
+                 and the peer libraries rslock, redis-py, python-redis-lock (Redis), curator
+                 (ZooKeeper), etcd-go (etcd); a peer runs with its server's backend unless
+                 --only leaves both out. Peers not installed (scripts/bench installs them
+                 into target/peers) are reported as skipped.
   -h, --help     this text
 
 Servers are read from DISTLOCK_REDIS_URL, DISTLOCK_REDLOCK_URLS, DISTLOCK_MYSQL_URL,
@@ -28,6 +32,8 @@ pub(crate) struct Cli {
     pub(crate) kinds: Vec<Kind>,
     /// Whether to run the rslock peer.
     pub(crate) peer: bool,
+    /// The peer libraries of section 8, in report order.
+    pub(crate) libraries: Vec<Library>,
     /// The arguments as given, for the report's header.
     pub(crate) args: Vec<String>,
 }
@@ -41,6 +47,7 @@ impl Cli {
             out: PathBuf::from("bench/report"),
             kinds: Kind::ALL.to_vec(),
             peer: true,
+            libraries: Library::ALL.to_vec(),
             args: args.clone(),
         };
         let mut it = args.into_iter();
@@ -63,9 +70,11 @@ impl Cli {
                     let list = value("--only")?;
                     cli.kinds.clear();
                     cli.peer = false;
+                    cli.libraries.clear();
                     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                        if name == "rslock" {
-                            cli.peer = true;
+                        if let Some(lib) = Library::from_id(name) {
+                            cli.peer |= lib == Library::Rslock;
+                            cli.libraries.push(lib);
                         } else {
                             let kind = Kind::from_id(name)
                                 .ok_or_else(|| format!("--only: unknown backend {name:?}"))?;
@@ -76,8 +85,16 @@ impl Cli {
                     }
                     // The peer is only meaningful next to distlock-redis.
                     cli.peer |= cli.kinds.contains(&Kind::Redis);
+                    // Each library comes with its server's backend.
+                    cli.libraries.extend(
+                        Library::ALL
+                            .into_iter()
+                            .filter(|l| cli.kinds.contains(&l.against())),
+                    );
                     // Report order stays the canonical one whatever order was typed.
                     cli.kinds.sort();
+                    cli.libraries.sort();
+                    cli.libraries.dedup();
                 }
                 other => return Err(format!("unknown argument {other:?}")),
             }
@@ -101,6 +118,7 @@ mod tests {
         assert_eq!(cli.out, PathBuf::from("bench/report"));
         assert_eq!(cli.kinds, Kind::ALL.to_vec());
         assert!(cli.peer);
+        assert_eq!(cli.libraries, Library::ALL.to_vec());
     }
 
     #[test]
@@ -112,12 +130,35 @@ mod tests {
         assert_eq!(cli.out, PathBuf::from("x"));
         assert_eq!(cli.kinds, vec![Kind::Memory, Kind::Redis, Kind::Etcd]);
         assert!(cli.peer);
+        assert_eq!(
+            cli.libraries,
+            vec![
+                Library::Rslock,
+                Library::RedisPy,
+                Library::PythonRedisLock,
+                Library::EtcdGo
+            ]
+        );
         let cli = parse(&["--only", "zk"]).unwrap().unwrap();
         assert_eq!(cli.kinds, vec![Kind::Zk]);
         assert!(!cli.peer);
+        assert_eq!(cli.libraries, vec![Library::Curator]);
         let cli = parse(&["--only", "rslock"]).unwrap().unwrap();
         assert!(cli.kinds.is_empty());
         assert!(cli.peer);
+        assert_eq!(cli.libraries, vec![Library::Rslock]);
+    }
+
+    #[test]
+    fn only_can_name_libraries_alone() {
+        let cli = parse(&["--only", "etcd-go,curator,curator"])
+            .unwrap()
+            .unwrap();
+        assert!(cli.kinds.is_empty());
+        assert!(!cli.peer);
+        assert_eq!(cli.libraries, vec![Library::Curator, Library::EtcdGo]);
+        let cli = parse(&["--only", "memory"]).unwrap().unwrap();
+        assert!(cli.libraries.is_empty());
     }
 
     #[test]

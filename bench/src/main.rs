@@ -1,8 +1,10 @@
 //! `distlock-bench`: the benchmark report. It runs the same scenarios against every backend
 //! whose server answers — uncontended cycles next to the raw-driver floor, independent locks,
 //! one hot lock, wake-up, many held locks — plus a peer crate (`rslock`) on the same Redis and,
-//! for RedLock, the cycle with one of three private masters paused, and writes `report.md`, a
-//! self-contained `report.html` with SVG charts, and `results.json`.
+//! for RedLock, the cycle with one of three private masters paused; then the libraries a user
+//! would pick instead (rslock, redis-py, python-redis-lock, Curator, etcd's Go mutex) on the
+//! same servers; and writes `report.md`, a self-contained `report.html` with SVG charts, and
+//! `results.json`.
 //!
 //! ```text
 //! distlock-bench [--quick] [--out DIR] [--only memory,redis,...]
@@ -16,8 +18,10 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod cli;
+mod contention;
 mod counting;
 mod format;
+mod libraries;
 mod machine;
 mod peer;
 mod plan;
@@ -91,7 +95,8 @@ async fn run(cli: Cli) -> Res<()> {
     };
     let meta = Meta::collect(&cli, &plan);
     let steps: usize = cli.kinds.iter().map(|&k| Plan::steps(k)).sum();
-    let progress = Progress::new(steps + cli.peer as usize);
+    let progress =
+        Progress::new(steps + cli.peer as usize + cli.libraries.len() * libraries::STEPS);
 
     let mut backends = Vec::new();
     for &kind in &cli.kinds {
@@ -103,12 +108,14 @@ async fn run(cli: Cli) -> Res<()> {
         peers = peer::run(&plan, &progress, cli.kinds.contains(&Kind::Redlock)).await;
         progress.step();
     }
+    let libraries = libraries::run(&cli.libraries, &plan, &progress, &backends).await;
     progress.finish();
 
     let results = Results {
         meta: meta.finish(started.elapsed()),
         backends,
         peers,
+        libraries,
     };
     report::write(&cli.out, &results)?;
     eprintln!(

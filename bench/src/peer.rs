@@ -84,9 +84,10 @@ pub(crate) async fn run(plan: &Plan, progress: &Progress, with_redlock: bool) ->
             distlock_per_sec: 0.0,
             note: match kind {
                 Kind::Redlock => "rslock: SET NX PX on every instance, then the delete script on \
-                                  every instance (2 parallel rounds); distlock RedLock: acquire, \
-                                  fence (derived fencing token) and release scripts (3 parallel \
-                                  rounds)"
+                                  every instance (2 parallel rounds); distlock RedLock: acquire \
+                                  and release scripts (2 parallel rounds, each ending at a \
+                                  majority; the derived token's write-back round only when the \
+                                  majority's counters disagree, which they do not here)"
                     .into(),
                 _ => "rslock: SET NX PX + EVALSHA compare-and-delete; distlock: EVALSHA acquire \
                       (hash, fencing INCR) + EVALSHA release (+ PUBLISH); both 2 round trips"

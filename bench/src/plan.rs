@@ -5,7 +5,9 @@
 //! uncontended/floor slices, 12 s of independent locks, 9 s of the hot lock, ~8 s of wake-ups
 //! and the many-held-locks hold (whose acquiring and releasing have a budget of 30 s each, for
 //! backends that cannot keep 10,000 locks renewed); RedLock adds about 11 s of slices with one of
-//! three private masters paused (each healthy slice after a warm-up). The quick mode runs every
+//! three private masters paused (each healthy slice after a warm-up). The peer libraries of
+//! section 8 take about 25 s each with the same plan (cycle slices against distlock's, one
+//! hot-lock level, the wake-ups), about two minutes for the five. The quick mode runs every
 //! scenario and the report writer in a few seconds per backend, in a debug build.
 
 use std::time::Duration;

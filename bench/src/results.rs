@@ -18,6 +18,10 @@ pub(crate) struct Results {
     pub(crate) meta: Meta,
     pub(crate) backends: Vec<BackendResult>,
     pub(crate) peers: Vec<PeerResult>,
+    /// The libraries a user would pick instead, on the same servers (section 8). Empty in
+    /// reports from before they were measured.
+    #[serde(default)]
+    pub(crate) libraries: Vec<LibraryResult>,
 }
 
 /// Where and how the run happened.
@@ -212,6 +216,11 @@ pub(crate) struct HotLevel {
     /// Times a client found the lock already held by another benchmark client when it was
     /// granted: must be 0.
     pub(crate) exclusion_violations: u64,
+    /// Of the hand-offs, the share whose next holder was the client that had just released:
+    /// 1/N when grants rotate at random, near 1 when the releaser barges back in. `None` in
+    /// reports from before it was measured, or without a hand-off.
+    #[serde(default)]
+    pub(crate) self_regrant_share: Option<f64>,
 }
 
 /// Scenario 5.
@@ -332,4 +341,48 @@ pub(crate) struct PeerResult {
     /// What each side sends per cycle.
     pub(crate) note: String,
     pub(crate) error: Option<String>,
+}
+
+/// Section 8: a library a user would pick instead of distlock, on the same server in the same
+/// run, with the matching distlock backend's numbers beside it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LibraryResult {
+    /// The `--only` name: `rslock`, `redis-py`, `python-redis-lock`, `curator`, `etcd-go`.
+    pub(crate) id: String,
+    /// What the library calls its lock, as the harness reported it (or the expected name when
+    /// it did not run).
+    pub(crate) library: String,
+    /// The library's version, read at run time from what was installed.
+    pub(crate) version: Option<String>,
+    /// Where it came from: a registry, a Debian package and its version.
+    pub(crate) source: String,
+    /// Language and runtime, e.g. `Java 17.0.15 (OpenJDK 64-Bit Server VM)`.
+    pub(crate) runtime: Option<String>,
+    /// How the contenders run: threads, goroutines, tasks; one client each.
+    pub(crate) contenders: Option<String>,
+    /// The distlock backend on the same server (`redis`, `zk`, `etcd`).
+    pub(crate) against: String,
+    /// The server's version, as the distlock target reported it.
+    pub(crate) server: Option<String>,
+    /// Why it did not run (not installed, server unavailable); `None` when it ran.
+    pub(crate) skipped: Option<String>,
+    /// What one cycle sends and how a waiter waits, in words.
+    pub(crate) note: String,
+    pub(crate) peer: LibraryMeasures,
+    pub(crate) distlock: LibraryMeasures,
+    /// Measurements that failed, with their error; the others still ran.
+    pub(crate) errors: Vec<ScenarioError>,
+}
+
+/// The three measures of section 8, for one side.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct LibraryMeasures {
+    /// One client, acquire + release on one free name, in slices alternating with the other
+    /// side's.
+    pub(crate) cycle: Option<Latency>,
+    pub(crate) cycles_per_sec: f64,
+    /// 8 contenders on one name.
+    pub(crate) hot: Option<HotLevel>,
+    /// From the holder calling release to the waiter holding the lock.
+    pub(crate) wake: Option<Latency>,
 }

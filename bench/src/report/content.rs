@@ -29,6 +29,7 @@ pub(super) fn build(r: &Results) -> Vec<Block> {
     wake(r, &mut doc);
     many(r, &mut doc);
     peers(r, &mut doc);
+    super::libraries::section(r, &mut doc);
     errors(r, &mut doc);
     method(&mut doc);
     doc
@@ -511,7 +512,9 @@ fn hot(r: &Results, doc: &mut Vec<Block>) {
         "N clients contend for one name and release as soon as they hold it. Hand-off: from \
          the holder calling release to the next holder's acquire returning. Fairness: Jain's \
          index over per-client grants (1 = even; 1/N = one client got them all). \
-         Violations: times two benchmark clients held the lock at once (must be 0)."
+         Self-regrant: the share of hand-offs that went back to the client that had just \
+         released (about 1/N when grants rotate at random). Violations: times two benchmark \
+         clients held the lock at once (must be 0)."
             .into(),
     ));
     let with: Vec<&BackendResult> = available(r).filter(|b| !b.hot.is_empty()).collect();
@@ -527,6 +530,7 @@ fn hot(r: &Results, doc: &mut Vec<Block>) {
                 us(h.wait.p99_us),
                 us(h.longest_wait_ms * 1000.0),
                 format!("{:.2}", h.jain),
+                or_dash(h.self_regrant_share, |s| format!("{:.0}%", s * 100.0)),
                 format!("{}–{}", h.grants_min, h.grants_max),
                 h.exclusion_violations.to_string(),
             ]);
@@ -542,6 +546,7 @@ fn hot(r: &Results, doc: &mut Vec<Block>) {
             "Wait p99",
             "Longest wait",
             "Jain",
+            "Self-regrant",
             "Grants per client",
             "Violations",
         ],

@@ -12,6 +12,7 @@ use crate::results::{BackendResult, PausedMaster, Results, Status};
 use crate::Res;
 
 mod content;
+mod libraries;
 mod render;
 
 use content::build;
@@ -107,6 +108,7 @@ pub(crate) fn summary_lines(r: &Results) -> Vec<String> {
             ));
         }
     }
+    lines.extend(r.libraries.iter().map(crate::libraries::line));
     lines
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Hand-off latency runs from the holder *calling* release to the next holder's acquire
 //! returning — the time the lock protects nothing — whoever that next holder is (the releaser
-//! itself, on a backend that lets it barge back in, which the fairness index then shows).
+//! itself, on a backend that lets it barge back in, which the fairness index and the
+//! self-regrant share then show).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -14,9 +15,10 @@ use futures::future::try_join_all;
 use tokio::sync::Barrier;
 
 use super::{lock_cycle, unique_name, ACQUIRE_WAIT};
+use crate::contention::HotRecord;
 use crate::plan::Plan;
 use crate::results::HotLevel;
-use crate::stats::{jain, per_sec, Recorder};
+use crate::stats::Recorder;
 use crate::targets::Target;
 use crate::Res;
 
@@ -26,9 +28,12 @@ struct Shared {
     opts: LockOptions,
     stop: AtomicBool,
     start: Barrier,
-    /// When the last holder called release; taken by the next holder.
-    released_at: Mutex<Option<Instant>>,
+    /// When the last holder called release, and which client it was; taken by the next
+    /// holder.
+    released_at: Mutex<Option<(Instant, usize)>>,
     handoff: Mutex<Recorder>,
+    /// Hand-offs that went back to the client that had just released.
+    self_regrants: AtomicU64,
     /// How many benchmark clients believe they hold the lock: more than one is a violation.
     holders: AtomicUsize,
     violations: AtomicUsize,
@@ -54,12 +59,14 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res
         start: Barrier::new(clients + 1),
         released_at: Mutex::new(None),
         handoff: Mutex::new(Recorder::new()),
+        self_regrants: AtomicU64::new(0),
         holders: AtomicUsize::new(0),
         violations: AtomicUsize::new(0),
     });
     let tasks: Vec<_> = locks
         .into_iter()
-        .map(|lock| {
+        .enumerate()
+        .map(|(me, lock)| {
             let s = shared.clone();
             tokio::spawn(async move {
                 s.start.wait().await;
@@ -77,11 +84,14 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res
                     stats.waits.record(granted - asked);
                     stats.grants += 1;
                     let released = lock_ok(&s.released_at).take();
-                    if let Some(released) = released {
+                    if let Some((released, releaser)) = released {
                         lock_ok(&s.handoff).record(granted - released);
+                        if releaser == me {
+                            s.self_regrants.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     s.holders.fetch_sub(1, Ordering::SeqCst);
-                    *lock_ok(&s.released_at) = Some(Instant::now());
+                    *lock_ok(&s.released_at) = Some((Instant::now(), me));
                     guard.release().await?;
                     // See independent.rs: in-memory futures never yield by themselves.
                     tokio::task::coop::consume_budget().await;
@@ -94,29 +104,18 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res
     let began = Instant::now();
     tokio::time::sleep(plan.hot_for).await;
     shared.stop.store(true, Ordering::Relaxed);
-    let mut waits = Recorder::new();
-    let mut grants = Vec::with_capacity(clients);
+    let mut record = HotRecord::default();
     for task in tasks {
         let stats = task.await??;
-        waits.merge(&stats.waits);
-        grants.push(stats.grants);
+        record.wait.merge(&stats.waits);
+        record.grants.push(stats.grants);
     }
-    let elapsed = began.elapsed();
-    let total: u64 = grants.iter().sum();
-    let handoff = lock_ok(&shared.handoff).summary();
-    let wait = waits.summary();
-    Ok(HotLevel {
-        clients,
-        grants: total,
-        grants_per_sec: per_sec(total, elapsed),
-        handoff,
-        wait,
-        longest_wait_ms: wait.max_us / 1000.0,
-        jain: jain(&grants),
-        grants_min: grants.iter().copied().min().unwrap_or(0),
-        grants_max: grants.iter().copied().max().unwrap_or(0),
-        exclusion_violations: shared.violations.load(Ordering::SeqCst) as u64,
-    })
+    record.elapsed = began.elapsed();
+    record.handoff = lock_ok(&shared.handoff).clone();
+    record.self_regrants = shared.self_regrants.load(Ordering::Relaxed);
+    record.violations = shared.violations.load(Ordering::SeqCst) as u64;
+    record.check()?;
+    Ok(record.summary())
 }
 
 /// These mutexes guard plain values updated in one step; a poisoned one is still consistent.

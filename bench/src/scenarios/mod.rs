@@ -22,14 +22,14 @@ use crate::targets::{run_id, Kind, Target};
 use crate::Res;
 
 use uncontended::LockCycle;
-pub(crate) use uncontended::{measure_cycles, Cycle, Measured};
+pub(crate) use uncontended::{measure_cycles, run_for, Cycle, Measured};
 
 /// How long acquires in the scenarios may wait: far beyond any hand-off, so a timeout means a
 /// stuck backend, not a slow one.
 pub(crate) const ACQUIRE_WAIT: Duration = Duration::from_secs(30);
 
 /// The most one scenario may take before it is abandoned and reported as failed.
-fn bound(plan: &Plan) -> Duration {
+pub(crate) fn bound(plan: &Plan) -> Duration {
     if plan.quick {
         Duration::from_secs(60)
     } else {
@@ -114,10 +114,26 @@ fn fail(result: &mut BackendResult, scenario: &str, error: crate::BoxError) {
     });
 }
 
-async fn bounded<T>(limit: Duration, fut: impl Future<Output = Res<T>>) -> Res<T> {
+pub(crate) async fn bounded<T>(limit: Duration, fut: impl Future<Output = Res<T>>) -> Res<T> {
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| format!("did not finish within {limit:?}"))?
+}
+
+/// Scenario 4 at one level, alone (section 8 uses it when scenario 4 did not run), bounded.
+pub(crate) async fn hot_level(
+    target: &dyn Target,
+    plan: &Plan,
+    clients: usize,
+) -> Res<crate::results::HotLevel> {
+    bounded(bound(plan), hot::run(target, plan, clients)).await
+}
+
+/// Scenario 5's latency alone (section 8 uses it when scenario 5 did not run), bounded.
+pub(crate) async fn wake_latency(target: &dyn Target, plan: &Plan) -> Res<crate::stats::Latency> {
+    Ok(bounded(bound(plan), wake::run(target, plan, None))
+        .await?
+        .latency)
 }
 
 /// A lock name no earlier run or other scenario uses, so leftovers of a crashed run (or of a

@@ -60,7 +60,7 @@ pub(crate) async fn measure_cycles(
 }
 
 /// Runs `op` until `slice` has passed (at least once), recording each cycle's latency.
-async fn run_for(
+pub(crate) async fn run_for(
     op: &mut dyn Cycle,
     slice: Duration,
     mut rec: Option<&mut Recorder>,

@@ -1,0 +1,290 @@
+//! Section 8 of the report: the libraries a user would pick instead, next to distlock.
+
+use crate::format::{rate, ratio, us};
+use crate::libraries::CONTENDERS;
+use crate::results::{LibraryResult, Results};
+use crate::stats::Latency;
+use crate::targets::Kind;
+
+use super::content::table;
+use super::Block;
+
+/// `library vs distlock (distlock ÷ library)` for a time or a rate.
+fn versus(theirs: Option<f64>, ours: Option<f64>, show: fn(f64) -> String) -> String {
+    match (theirs, ours) {
+        (Some(t), Some(o)) => format!("{} vs {} ({})", show(t), show(o), ratio(o / t)),
+        (Some(t), None) => format!("{} vs –", show(t)),
+        (None, Some(o)) => format!("– vs {}", show(o)),
+        (None, None) => "–".into(),
+    }
+}
+
+/// `library vs distlock` for a share or an index, where a quotient says nothing useful.
+fn beside(theirs: Option<f64>, ours: Option<f64>, show: fn(f64) -> String) -> String {
+    let s = |v: Option<f64>| v.map_or_else(|| "–".into(), show);
+    if theirs.is_none() && ours.is_none() {
+        return "–".into();
+    }
+    format!("{} vs {}", s(theirs), s(ours))
+}
+
+fn percent(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+
+fn two_decimals(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+fn name(l: &LibraryResult) -> String {
+    format!("**{}**", l.library)
+}
+
+fn row(l: &LibraryResult) -> Vec<String> {
+    let against =
+        Kind::from_id(&l.against).map_or_else(|| l.against.clone(), |k| k.label().to_string());
+    let server = match &l.server {
+        Some(s) => format!("{s} (distlock-{})", l.against),
+        None => format!("{against} (distlock-{})", l.against),
+    };
+    if let Some(reason) = &l.skipped {
+        return vec![
+            name(l),
+            l.source.clone(),
+            "–".into(),
+            server,
+            format!("**skipped**: {reason}"),
+        ];
+    }
+    let version = match &l.version {
+        Some(v) => format!("{v} ({})", l.source),
+        None => l.source.clone(),
+    };
+    let runtime = match (&l.runtime, &l.contenders) {
+        (Some(rt), Some(c)) => format!("{rt}; {c}"),
+        (Some(rt), None) => rt.clone(),
+        _ => "–".into(),
+    };
+    let (p, d) = (&l.peer, &l.distlock);
+    let lat = |c: &Option<Latency>, f: fn(&Latency) -> f64| c.as_ref().map(f);
+    let (ph, dh) = (p.hot.as_ref(), d.hot.as_ref());
+    vec![
+        name(l),
+        version,
+        runtime,
+        server,
+        versus(lat(&p.cycle, |c| c.p50_us), lat(&d.cycle, |c| c.p50_us), us),
+        versus(lat(&p.cycle, |c| c.p99_us), lat(&d.cycle, |c| c.p99_us), us),
+        versus(
+            ph.map(|h| h.grants_per_sec),
+            dh.map(|h| h.grants_per_sec),
+            rate,
+        ),
+        versus(
+            ph.map(|h| h.handoff.p50_us),
+            dh.map(|h| h.handoff.p50_us),
+            us,
+        ),
+        versus(
+            ph.map(|h| h.handoff.p99_us),
+            dh.map(|h| h.handoff.p99_us),
+            us,
+        ),
+        beside(
+            ph.and_then(|h| h.self_regrant_share),
+            dh.and_then(|h| h.self_regrant_share),
+            percent,
+        ),
+        beside(ph.map(|h| h.jain), dh.map(|h| h.jain), two_decimals),
+        versus(lat(&p.wake, |w| w.p50_us), lat(&d.wake, |w| w.p50_us), us),
+    ]
+}
+
+pub(super) fn section(r: &Results, doc: &mut Vec<Block>) {
+    if r.libraries.is_empty() {
+        return;
+    }
+    doc.push(Block::H2("8. Libraries on the same servers".into()));
+    let hot_s = r
+        .libraries
+        .iter()
+        .filter_map(|l| l.peer.hot.as_ref())
+        .map(|h| h.grants as f64 / h.grants_per_sec.max(1e-9))
+        .next();
+    doc.push(Block::P(format!(
+        "The libraries a user would pick instead of distlock, each on the same server in the \
+         same run, next to distlock's backend for that server. Each cell reads **library vs \
+         distlock (distlock ÷ library)**: for times a quotient below 1× means distlock is \
+         faster, for grants/s above 1× means distlock grants more. **Cycle**: one client, one \
+         free name, acquire + release as the library's documentation shows, in slices \
+         alternating with distlock's `lock` + `release` (the library warms up four times as \
+         long first). **Hot lock**: {CONTENDERS} contenders, each with its own client, releasing \
+         as soon as they hold the lock{}; hand-off runs from the holder calling release to the \
+         next holder's acquire returning, measured inside the harness on one monotonic clock \
+         that its contenders share; **self-regrant** is the share of hand-offs that went back \
+         to the contender that had just released (about 1/{CONTENDERS} = {}% when grants \
+         rotate at random, near 100% when the releaser barges back in before a waiter \
+         notices); **Jain** is the fairness index over per-contender grants (1 = even). \
+         **Wake-up**: as in section 5. distlock's hot-lock and wake-up numbers are its rows \
+         in sections 4 and 5 of this run (measured here when those did not run). Harnesses print raw latencies and counts only; \
+         this bench computes every statistic with the same code it uses for distlock.",
+        hot_s.map_or(String::new(), |s| format!(" (about {s:.0} s)")),
+        100.0 / CONTENDERS as f64,
+    )));
+    let rows = r.libraries.iter().map(row).collect();
+    doc.push(table(
+        &[
+            "Library",
+            "Version (source)",
+            "Runtime; contenders",
+            "Server",
+            "Cycle p50",
+            "Cycle p99",
+            "Grants/s, 8 contenders",
+            "Hand-off p50",
+            "Hand-off p99",
+            "Self-regrant",
+            "Jain",
+            "Wake-up p50",
+        ],
+        rows,
+    ));
+    let mut notes: Vec<String> = r
+        .libraries
+        .iter()
+        .filter(|l| l.skipped.is_none())
+        .map(|l| format!("{}: {}.", name(l), l.note))
+        .collect();
+    for l in &r.libraries {
+        if let Some(h) = l.peer.hot.as_ref().filter(|h| h.exclusion_violations > 0) {
+            notes.push(format!(
+                "{}: **{} grant(s) while another contender held the lock** (mutual exclusion \
+                 violated).",
+                name(l),
+                h.exclusion_violations
+            ));
+        }
+        for e in &l.errors {
+            notes.push(format!(
+                "{} {}: **not measured**: {}",
+                name(l),
+                e.scenario,
+                e.error
+            ));
+        }
+    }
+    notes.push(
+        "ZooKeeper's connection limit is no constraint here: `scripts/services` sets \
+         `maxClientCnxns=0` (no per-address limit) for the 8 Curator sessions beside the \
+         bench's own."
+            .into(),
+    );
+    doc.push(Block::List(notes));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::content::build;
+    use crate::report::render::markdown;
+    use crate::results::{HotLevel, LibraryMeasures};
+
+    fn latency(p50_us: f64, p99_us: f64) -> Latency {
+        Latency {
+            count: 100,
+            mean_us: p50_us,
+            p50_us,
+            p99_us,
+            p999_us: p99_us,
+            max_us: p99_us,
+        }
+    }
+
+    fn hot(grants_per_sec: f64, p50: f64, p99: f64, share: f64, jain: f64) -> HotLevel {
+        HotLevel {
+            clients: 8,
+            grants: (grants_per_sec * 3.0) as u64,
+            grants_per_sec,
+            handoff: latency(p50, p99),
+            wait: latency(p50, p99),
+            longest_wait_ms: 1.0,
+            jain,
+            grants_min: 1,
+            grants_max: 2,
+            exclusion_violations: 0,
+            self_regrant_share: Some(share),
+        }
+    }
+
+    fn example() -> Results {
+        let json = include_str!("../../report/results.json");
+        let mut r: Results = serde_json::from_str(json).expect("results.json parses");
+        r.libraries = vec![
+            LibraryResult {
+                id: "curator".into(),
+                library: "Apache Curator InterProcessMutex".into(),
+                version: Some("5.4.0".into()),
+                source: "Debian libcurator-recipes-java 5.4.0-3".into(),
+                runtime: Some("Java 17.0.15".into()),
+                contenders: Some("threads".into()),
+                against: "zk".into(),
+                server: Some("ZooKeeper 3.8.0".into()),
+                skipped: None,
+                note: "acquire + release".into(),
+                peer: LibraryMeasures {
+                    cycle: Some(latency(1000.0, 2000.0)),
+                    cycles_per_sec: 1000.0,
+                    hot: Some(hot(500.0, 1000.0, 4000.0, 0.125, 1.0)),
+                    wake: Some(latency(2000.0, 3000.0)),
+                },
+                distlock: LibraryMeasures {
+                    cycle: Some(latency(800.0, 1800.0)),
+                    cycles_per_sec: 1250.0,
+                    hot: Some(hot(1500.0, 700.0, 1100.0, 0.0, 1.0)),
+                    wake: Some(latency(1200.0, 1500.0)),
+                },
+                errors: Vec::new(),
+            },
+            LibraryResult {
+                id: "redis-py".into(),
+                library: "redis-py Lock".into(),
+                version: None,
+                source: "PyPI".into(),
+                runtime: None,
+                contenders: None,
+                against: "redis".into(),
+                server: None,
+                skipped: Some("not installed (scripts/bench installs it)".into()),
+                note: String::new(),
+                peer: LibraryMeasures::default(),
+                distlock: LibraryMeasures::default(),
+                errors: Vec::new(),
+            },
+        ];
+        r
+    }
+
+    #[test]
+    fn each_cell_shows_library_distlock_and_the_quotient() {
+        let md = markdown(&build(&example()));
+        assert!(md.contains("## 8. Libraries on the same servers"), "{md}");
+        assert!(
+            md.contains(
+                "| **Apache Curator InterProcessMutex** | 5.4.0 (Debian libcurator-recipes-java \
+                 5.4.0-3) | Java 17.0.15; threads | ZooKeeper 3.8.0 (distlock-zk) | 1.00 ms vs \
+                 800 µs (0.80×) | 2.00 ms vs 1.80 ms (0.90×) | 500/s vs 1.5k/s (3.00×) | \
+                 1.00 ms vs 700 µs (0.70×) | 4.00 ms vs 1.10 ms (0.28×) | 12% vs 0% | 1.00 vs \
+                 1.00 | 2.00 ms vs 1.20 ms (0.60×) |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| **redis-py Lock** | PyPI | – | Redis (distlock-redis) | **skipped**: not \
+                 installed (scripts/bench installs it) |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("(about 3 s)"), "{md}");
+    }
+}
