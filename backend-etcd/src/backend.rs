@@ -117,6 +117,7 @@ impl EtcdLock {
             config,
             lease: LeaseCell::new(info),
             slots: Mutex::new(HashMap::new()),
+            watches: Arc::default(),
         });
         let keeper = tokio::spawn(crate::keepalive::keep_alive(Arc::downgrade(&shared)));
         Ok(Self {
@@ -141,6 +142,13 @@ impl EtcdLock {
     #[cfg(feature = "testing")]
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// How many lock directories this client's waiters watch right now (test-only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn watched_dirs(&self) -> usize {
+        self.shared.watches.live()
     }
 
     /// The configuration this client was made with.

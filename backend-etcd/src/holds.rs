@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     /// Per entry key: the hold count and the gate that serialises this client's acquires and
     /// releases of that key.
     pub(crate) slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// The watches of lock directories that this client's waiters share.
+    pub(crate) watches: Arc<crate::watches::Watches>,
 }
 
 /// The local state of one entry key (one name, one owner, one lease).

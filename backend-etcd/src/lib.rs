@@ -13,6 +13,7 @@ mod lease;
 mod queue;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod watches;
 
 pub use backend::{EtcdLock, CAPABILITIES};
 pub use config::{

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use distlock_api::backend::wait::{self, Attempt};
 use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, Grant, Result};
-use etcd_client::{
-    Compare, CompareOp, EventType, SortOrder, Txn, TxnOp, WatchFilterType, WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, SortOrder, Txn, TxnOp};
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::holds::{entries, lock, put_count, range_result, Gated, Holds, Repair, Shared};
 use crate::keys;
 use crate::lease::LeaseInfo;
+use crate::watches::Seen;
 
 /// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
 pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
@@ -235,7 +235,7 @@ impl Shared {
                     // Our own entry goes with the lease: then there is nothing left to wait for.
                     let woken = async {
                         tokio::select! {
-                            _ = self.wait_delete(&pred) => {}
+                            _ = self.wait_delete(turn.dir, &pred) => {}
                             _ = self.lease.gone(turn.lease.id) => {}
                         }
                     };
@@ -287,38 +287,21 @@ impl Shared {
         }))
     }
 
-    /// Returns when `pred` is gone, or its watch ends some other way (the caller looks at the
+    /// Returns when `pred` is gone, or the watch ends some other way (the caller looks at the
     /// queue again either way).
     ///
-    /// The watch starts "now", and once it is in place the predecessor is read again. The
-    /// obvious alternative, starting the watch one past the revision the predecessor was seen
-    /// at, is only live if no other write lands in between: etcd serves a watch that starts
-    /// at or below its current revision from its "unsynced" group, which it catches up every
-    /// 100 ms, and under contention some write nearly always lands in between (measured: a
-    /// hand-off stalled for over 100 ms every few grants). A watch from "now" is live, and the
-    /// second read covers a delete that happened before it was in place.
-    pub(crate) async fn wait_delete(&self, pred: &Pred) {
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let i = self.endpoints.index();
-        let broken = || async {
-            self.endpoints.failed(i);
-            tokio::time::sleep(WATCH_RETRY).await;
+    /// The client's shared watch of the lock's directory ([`crate::watches`]) is in place once
+    /// subscribed; the predecessor is then read again, which covers a delete that happened
+    /// before.
+    pub(crate) async fn wait_delete(&self, dir: &str, pred: &Pred) {
+        let mut sub = match self.watches.subscribe(&self.endpoints, dir).await {
+            Ok(sub) => sub,
+            Err(_) => {
+                self.endpoints.failed(self.endpoints.index());
+                tokio::time::sleep(WATCH_RETRY).await;
+                return;
+            }
         };
-        let Ok(client) = self.endpoints.client(i).await else {
-            return broken().await;
-        };
-        let Ok(mut stream) = client
-            .watch_client()
-            .watch(pred.key.clone(), Some(options))
-            .await
-        else {
-            return broken().await;
-        };
-        // The first answer says the watch is in place.
-        match stream.message().await {
-            Ok(Some(resp)) if resp.created() && !resp.canceled() => {}
-            _ => return broken().await,
-        }
         let still_there = Txn::new().when([Compare::create_revision(
             pred.key.clone(),
             CompareOp::Equal,
@@ -333,17 +316,17 @@ impl Shared {
             }
         }
         loop {
-            match stream.message().await {
-                Ok(Some(resp)) => {
-                    let deleted = resp
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if deleted || resp.canceled() {
-                        return;
-                    }
+            match sub.events.recv().await {
+                // A delete at the predecessor's key after it was created: this entry is gone.
+                Ok(Seen::Deleted { key, rev }) if key == pred.key && rev > pred.rev => return,
+                Ok(Seen::Deleted { .. }) => {}
+                Ok(Seen::Broken) | Err(RecvError::Closed) => {
+                    self.endpoints.failed(sub.endpoint);
+                    tokio::time::sleep(WATCH_RETRY).await;
+                    return;
                 }
-                Ok(None) | Err(_) => return broken().await,
+                // Fell behind the watch: the delete may be among what was skipped.
+                Err(RecvError::Lagged(_)) => return,
             }
         }
     }

@@ -168,3 +168,47 @@ async fn queued_waiter_is_woken_by_the_delete_event() {
         "{delays:?}"
     );
 }
+
+/// The waiters of one client on one lock share one watch of its directory, which outlives
+/// their waits (so the next wait finds it live) and ends on its own once nobody waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_client_share_one_watch_that_ends_when_idle() {
+    if common::skip() {
+        return;
+    }
+    let (a, b) = (client().await, client().await);
+    let name = common::unique("shared-watch");
+    let g = a.try_lock(&name).await.unwrap().expect("free");
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let (b, name) = (b.clone(), name.clone());
+            tokio::spawn(async move {
+                let g = b
+                    .lock(&name, Duration::from_secs(30))
+                    .await
+                    .expect("acquire");
+                assert!(g.release().await.unwrap());
+            })
+        })
+        .collect();
+    // All three queued behind `a`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::keys_under(&common::raw().await, &name).await.len() < 4 {
+        assert!(Instant::now() < deadline, "the waiters never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(b.watched_dirs(), 1, "three waiters, one watch");
+    assert_eq!(a.watched_dirs(), 0, "the holder watches nothing");
+    assert!(g.release().await.unwrap());
+    for w in waiters {
+        w.await.expect("waiter panicked");
+    }
+    assert_eq!(b.watched_dirs(), 1, "the watch outlives the waits");
+    // It lingers 10-20 s after the last wait began, then ends by itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while b.watched_dirs() > 0 {
+        assert!(Instant::now() < deadline, "the idle watch was never ended");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
