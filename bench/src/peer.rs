@@ -94,9 +94,11 @@ pub(crate) async fn run(plan: &Plan, progress: &Progress, with_redlock: bool) ->
                     .into(),
             },
             error: None,
+            server_us_per_cycle: None,
         };
         match compare(kind, urls, plan).await {
-            Ok((ours, theirs)) => {
+            Ok((ours, theirs, server)) => {
+                result.server_us_per_cycle = server;
                 result.distlock_per_sec = ours.per_sec();
                 result.distlock_cycle = Some(ours.latencies.summary());
                 result.peer_per_sec = theirs.per_sec();
@@ -112,7 +114,11 @@ pub(crate) async fn run(plan: &Plan, progress: &Progress, with_redlock: bool) ->
     out
 }
 
-async fn compare(kind: Kind, urls: Vec<String>, plan: &Plan) -> Res<(Measured, Measured)> {
+async fn compare(
+    kind: Kind,
+    urls: Vec<String>,
+    plan: &Plan,
+) -> Res<(Measured, Measured, Option<(f64, f64)>)> {
     let target = targets::open(kind).await?;
     let mut ours = DistlockCycle {
         lock: target.client().await?,
@@ -138,7 +144,47 @@ async fn compare(kind: Kind, urls: Vec<String>, plan: &Plan) -> Res<(Measured, M
         plan.slices,
     )
     .await?;
-    let [ours, theirs] = <[Measured; 2]>::try_from(measured)
+    let [ours_measured, theirs_measured] = <[Measured; 2]>::try_from(measured)
         .map_err(|_| "measure_cycles returned the wrong number of results")?;
-    Ok((ours, theirs))
+    // On one server: what each cycle costs the server itself, the part of the gap that no
+    // client-side work can close.
+    let server = match urls.as_slice() {
+        [url] => {
+            let cycles = if plan.quick { 200 } else { 2000 };
+            let ours_us = server_us_per_cycle(url, &mut ours, cycles).await?;
+            let theirs_us = server_us_per_cycle(url, &mut theirs, cycles).await?;
+            Some((ours_us, theirs_us))
+        }
+        _ => None,
+    };
+    Ok((ours_measured, theirs_measured, server))
+}
+
+/// The server's own time per cycle of `cycle`: `INFO commandstats`' microseconds summed over
+/// every command, before and after `cycles` cycles (nothing else uses the server meanwhile).
+async fn server_us_per_cycle(url: &str, cycle: &mut dyn Cycle, cycles: u32) -> Res<f64> {
+    let client = redis::Client::open(url)?;
+    let con = client.get_multiplexed_async_connection().await?;
+    let busy_us = || {
+        let mut con = con.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut con)
+                .await?;
+            Res::Ok(
+                info.lines()
+                    .filter_map(|l| l.split("usec=").nth(1))
+                    .filter_map(|rest| rest.split(',').next()?.parse::<f64>().ok())
+                    .sum::<f64>(),
+            )
+        }
+    };
+    let before = busy_us().await?;
+    for _ in 0..cycles {
+        cycle.once().await?;
+    }
+    let after = busy_us().await?;
+    // The INFO call itself is counted once in `after`: negligible against the cycles.
+    Ok((after - before) / f64::from(cycles))
 }

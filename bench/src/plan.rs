@@ -51,8 +51,8 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Progress steps per backend: uncontended+floor, one per independent level, one per hot
-    /// level, wake-up, many held locks.
-    const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1;
+    /// level, the hot lock on one handle, wake-up, many held locks.
+    const STEPS_PER_BACKEND: usize = 1 + 4 + 3 + 1 + 1 + 1;
 
     /// Progress steps of `kind`: RedLock adds the run with one master paused.
     pub(crate) fn steps(kind: Kind) -> usize {

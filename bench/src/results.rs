@@ -98,6 +98,9 @@ pub(crate) struct BackendResult {
     pub(crate) uncontended: Option<Uncontended>,
     pub(crate) independent: Vec<IndependentLevel>,
     pub(crate) hot: Vec<HotLevel>,
+    /// The hot lock contended by tasks sharing one client handle.
+    #[serde(default)]
+    pub(crate) hot_one_handle: Option<HotLevel>,
     pub(crate) wake: Option<Wake>,
     pub(crate) many: Option<ManyHeld>,
     /// RedLock only: the uncontended cycle with one of three private masters paused. `None`
@@ -120,6 +123,7 @@ impl BackendResult {
             uncontended: None,
             independent: Vec::new(),
             hot: Vec::new(),
+            hot_one_handle: None,
             wake: None,
             many: None,
             paused_master: None,
@@ -341,6 +345,10 @@ pub(crate) struct PeerResult {
     /// What each side sends per cycle.
     pub(crate) note: String,
     pub(crate) error: Option<String>,
+    /// On one server: the server's own microseconds per cycle (`INFO commandstats`),
+    /// distlock's and the peer's.
+    #[serde(default)]
+    pub(crate) server_us_per_cycle: Option<(f64, f64)>,
 }
 
 /// Section 8: a library a user would pick instead of distlock, on the same server in the same

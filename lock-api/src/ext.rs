@@ -490,10 +490,25 @@ async fn acquire_waiting(
                     }
                 }
             };
+            // A release through this handle wakes its own waiters as soon as it returns,
+            // without waiting for the server's notice to come round.
+            let local = this.core().wakes().waiter(&req.name);
+            let seen = AtomicU64::new(local.releases());
             wait::notified(
                 deadline,
-                || attempt_once(this, req),
-                |max| notices.wait(max),
+                || {
+                    seen.store(local.releases(), Ordering::Relaxed);
+                    attempt_once(this, req)
+                },
+                |max| {
+                    let (notices, local, seen) = (&notices, &local, &seen);
+                    async move {
+                        tokio::select! {
+                            _ = notices.wait(max) => {}
+                            _ = local.wait(seen.load(Ordering::Relaxed), max) => {}
+                        }
+                    }
+                },
             )
             .await
         }

@@ -2,13 +2,14 @@
 //! name at a time, the rest queue in the handle in FIFO order, and a release through the handle
 //! hands the lock to the polling one at once. Checked over the history of tasks contending on
 //! one handle, with a backoff so long (60 s) that any hand-off not made by a same-handle
-//! wake-up would run into the acquire's wait bound and fail.
+//! wake-up would run into the acquire's wait bound and fail. A notified backend's waiters are
+//! woken by a release through their own handle too, without waiting for the server's notice.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use distlock_api::backend::{AcquireRequest, ClientCore};
 use distlock_api::{
     Capabilities, DistributedLock, ErrorKind, Grant, LockExt, LockInfo, LockName, MemoryStore,
@@ -169,4 +170,77 @@ async fn a_queued_waiter_times_out_at_its_bound_and_a_dropped_one_leaves_the_que
     assert!(second.release().await.unwrap());
     let third = third.await.unwrap().unwrap();
     assert!(third.release().await.unwrap());
+}
+
+/// A memory client that waits for server notices which never come (a lost notice), so only a
+/// same-handle wake-up, or the 5 s re-check, gets a waiter going again.
+struct Deaf {
+    inner: distlock_api::MemoryLock,
+}
+
+struct Silence;
+
+#[distlock_api::backend::async_trait]
+impl Notices for Silence {
+    async fn wait(&self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+#[distlock_api::backend::async_trait]
+impl DistributedLock for Deaf {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn core(&self) -> &ClientCore {
+        self.inner.core()
+    }
+    fn waiting(&self) -> Waiting {
+        Waiting::Notify
+    }
+    async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Notices>> {
+        Ok(Box::new(Silence))
+    }
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        self.inner.attempt(req).await
+    }
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        self.inner.release(grant).await
+    }
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        self.inner.renew(grant, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notified_waiter_is_woken_by_a_release_through_its_own_handle() {
+    let store = MemoryStore::new();
+    let lock = Arc::new(Deaf {
+        inner: store.client(),
+    });
+    for _ in 0..5 {
+        let held = lock.try_lock("n").await.unwrap().expect("free");
+        let waiter = {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                let g = lock.lock("n", Duration::from_secs(30)).await;
+                (std::time::Instant::now(), g)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released = std::time::Instant::now();
+        assert!(held.release().await.unwrap());
+        let (granted, next) = waiter.await.unwrap();
+        // Without the wake-up, the waiter would look again only at the 5 s re-check: the bound
+        // tells one from the other, not how fast the wake-up is.
+        let after = granted.saturating_duration_since(released);
+        assert!(
+            after < Duration::from_millis(2500),
+            "granted {after:?} after the release"
+        );
+        assert!(next.unwrap().release().await.unwrap());
+    }
 }

@@ -46,6 +46,23 @@ struct ClientStats {
 
 pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res<HotLevel> {
     let locks = try_join_all((0..clients).map(|_| target.client())).await?;
+    contend(locks, plan).await
+}
+
+/// The same with `tasks` tasks of one process sharing one client handle, as the tasks of a
+/// service do: a hand-off between them can skip the server's help (each acquisition is still
+/// its own owner, so they exclude each other as separate clients do).
+pub(super) async fn run_one_handle(
+    target: &dyn Target,
+    plan: &Plan,
+    tasks: usize,
+) -> Res<HotLevel> {
+    let lock = target.client().await?;
+    contend(vec![lock; tasks], plan).await
+}
+
+async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLevel> {
+    let clients = locks.len();
     let name = unique_name("hot");
     // Steady state, as in every other scenario: the name's server-side state (a counter
     // document, a container node) exists before the contenders arrive.

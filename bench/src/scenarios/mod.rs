@@ -37,6 +37,9 @@ pub(crate) fn bound(plan: &Plan) -> Duration {
     }
 }
 
+/// Tasks sharing one client handle in the hot-lock scenario's one-handle level.
+pub(crate) const SAME_HANDLE_TASKS: usize = 8;
+
 /// Runs scenarios 1–6 on `target`, filling `result`; on RedLock also the cycle with one of
 /// three private masters paused.
 pub(crate) async fn run_all(
@@ -79,6 +82,16 @@ pub(crate) async fn run_all(
         }
         progress.step();
     }
+
+    progress.stage(
+        id,
+        &format!("one hot lock, {SAME_HANDLE_TASKS} tasks on one handle"),
+    );
+    match bounded(limit, hot::run_one_handle(target, plan, SAME_HANDLE_TASKS)).await {
+        Ok(level) => result.hot_one_handle = Some(level),
+        Err(e) => fail(result, &format!("hot-one-handle/{SAME_HANDLE_TASKS}"), e),
+    }
+    progress.step();
 
     progress.stage(id, "wake-up");
     let round_trip = result.uncontended.as_ref().map(|u| u.round_trip_us());
