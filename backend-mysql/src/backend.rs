@@ -103,6 +103,10 @@ impl MysqlLock {
             core = core.with_owner(owner.clone());
         }
         let sql = Statements::new(config.get_lock_table(), config.get_fencing_table());
+        // sqlx's rustls needs a crypto provider for any TLS handshake, `ssl-mode=preferred`
+        // (its default) included.
+        #[cfg(feature = "tls")]
+        distlock_api::backend::ensure_crypto_provider();
         let options = config.connect_options();
         let endpoint = config.endpoint();
         let timeout = config.get_connect_timeout();

@@ -90,6 +90,10 @@ mod tls {
         if skipped() {
             return;
         }
+        // The application's part: this test connects with sqlx itself before distlock does,
+        // and a build with several rustls providers (the workspace's, with the ZooKeeper
+        // client's aws-lc-rs) needs one chosen first. distlock's own connect does the same.
+        distlock_api::backend::ensure_crypto_provider();
         let certs = TestCerts::new("mariadb");
         let server = PrivateMariadb::start_with(vec![
             format!("--ssl-cert={}", certs.cert().display()),

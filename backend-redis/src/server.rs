@@ -115,8 +115,11 @@ impl Server {
         options: &Options,
         backend: &'static str,
     ) -> Result<Self> {
-        // rustls panics inside the driver when no crypto provider is installed; that is a
-        // configuration problem of the application, so it becomes an error, not a crash.
+        // rustls panics inside the driver when it has no crypto provider; one is installed
+        // unless the application chose its own, and a panic left all the same (a provider that
+        // cannot be installed) becomes an error, not a crash.
+        #[cfg(feature = "tls")]
+        distlock_api::backend::ensure_crypto_provider();
         let connecting = AssertUnwindSafe(ConnectionManager::new_with_config(
             endpoint.client.clone(),
             Self::manager_config(options),

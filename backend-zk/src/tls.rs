@@ -10,7 +10,7 @@ use crate::config::TlsFiles;
 /// so replaced files are picked up). A file that cannot be read or holds no usable PEM is
 /// `InvalidArgument`, before any connection is tried.
 pub(crate) fn options(files: &TlsFiles) -> Result<zk::TlsOptions> {
-    ensure_crypto_provider();
+    distlock_api::backend::ensure_crypto_provider();
     let ca = read(&files.ca, "tls_ca")?;
     let mut options = zk::TlsOptions::new()
         .with_pem_ca(&ca)
@@ -40,16 +40,4 @@ fn bad_file(path: &std::path::Path, what: &str, e: zk::Error) -> Error {
         path.display()
     ))
     .with_backend("zk")
-}
-
-/// The driver builds its rustls config with the process-wide default crypto provider, and
-/// rustls panics when none is installed and its crate features do not name exactly one (the
-/// driver's default features bring aws-lc-rs; the other distlock backends bring ring). When
-/// the application has installed none, ring's becomes the default, as the other backends'
-/// TLS uses; an application that installed its own keeps it.
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: a provider is installed either way.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }

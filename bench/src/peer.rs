@@ -9,14 +9,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{LockOptions, SharedLock};
+use distlock_api::LockOptions;
 use distlock_redis::redis;
 use rslock::LockManager;
 
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::results::PeerResult;
-use crate::scenarios::{lock_cycle, measure_cycles, unique_name, Cycle, Measured, ACQUIRE_WAIT};
+use crate::scenarios::{measure_cycles, unique_name, Cycle, LockCycle, Measured, ACQUIRE_WAIT};
 use crate::targets::{self, Kind};
 use crate::Res;
 
@@ -40,19 +40,6 @@ impl Cycle for RslockCycle {
             .map_err(|e| format!("rslock: {e}"))?;
         self.manager.unlock(&lock).await;
         Ok(())
-    }
-}
-
-struct DistlockCycle {
-    lock: SharedLock,
-    name: String,
-    opts: LockOptions,
-}
-
-#[async_trait]
-impl Cycle for DistlockCycle {
-    async fn once(&mut self) -> Res<()> {
-        lock_cycle(&self.lock, &self.name, &self.opts).await
     }
 }
 
@@ -120,7 +107,7 @@ async fn compare(
     plan: &Plan,
 ) -> Res<(Measured, Measured, Option<(f64, f64)>)> {
     let target = targets::open(kind).await?;
-    let mut ours = DistlockCycle {
+    let mut ours = LockCycle {
         lock: target.client().await?,
         name: unique_name("peer-distlock"),
         opts: LockOptions::new().wait(ACQUIRE_WAIT),

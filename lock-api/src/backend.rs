@@ -22,6 +22,20 @@ pub use async_trait::async_trait;
 pub mod testing;
 pub mod wait;
 
+/// Makes sure rustls has a process-wide crypto provider before a driver builds a TLS config
+/// with it: ring's, unless the application installed one of its own (which is kept). rustls
+/// picks one from its crate features only when exactly one provider is enabled, and a build
+/// with several drivers enables both ring and aws-lc-rs (the ZooKeeper client's rustls brings
+/// aws-lc-rs), so without this a TLS connection would panic inside the driver. Call it on every
+/// TLS path, before connecting.
+#[cfg(feature = "tls")]
+pub fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: a provider is installed either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// Whether `e`, or an error it wraps, says the server was reached but the connection was
 /// refused as untrusted or not understood: a TLS certificate that does not verify (rustls's
 /// "invalid peer certificate"), or bytes of a protocol the driver does not speak (an I/O error

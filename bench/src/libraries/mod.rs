@@ -26,11 +26,11 @@ use crate::contention::HotRecord;
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::results::{BackendResult, LibraryMeasures, LibraryResult, ScenarioError};
-use crate::scenarios::{self, lock_cycle, run_for, unique_name, Cycle, Measured, ACQUIRE_WAIT};
+use crate::scenarios::{self, run_for, unique_name, LockCycle, Measured, ACQUIRE_WAIT};
 use crate::stats::Recorder;
 use crate::targets::{self, Kind, Target};
 use crate::Res;
-use distlock_api::{LockOptions, SharedLock};
+use distlock_api::LockOptions;
 
 /// Contenders on the hot lock.
 pub(crate) const CONTENDERS: usize = 8;
@@ -500,20 +500,6 @@ fn fail(result: &mut LibraryResult, what: &str, e: crate::BoxError) {
     });
 }
 
-/// distlock's `lock` + `release`, as in scenario 1.
-struct DistlockCycle {
-    lock: SharedLock,
-    name: String,
-    opts: LockOptions,
-}
-
-#[async_trait]
-impl Cycle for DistlockCycle {
-    async fn once(&mut self) -> Res<()> {
-        lock_cycle(&self.lock, &self.name, &self.opts).await
-    }
-}
-
 /// The peer's cycle and distlock's on the same server, in alternating slices after a warm-up
 /// (four times the plan's for the peer: a JVM compiles its hot paths in that time).
 async fn cycles(
@@ -521,7 +507,7 @@ async fn cycles(
     target: &dyn Target,
     plan: &Plan,
 ) -> Res<(Measured, Measured)> {
-    let mut ours = DistlockCycle {
+    let mut ours = LockCycle {
         lock: target.client().await?,
         name: unique_name("library-distlock-cycle"),
         opts: LockOptions::new().wait(ACQUIRE_WAIT),

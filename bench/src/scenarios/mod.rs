@@ -21,8 +21,7 @@ use crate::results::{BackendResult, ScenarioError};
 use crate::targets::{run_id, Kind, Target};
 use crate::Res;
 
-use uncontended::LockCycle;
-pub(crate) use uncontended::{measure_cycles, run_for, Cycle, Measured};
+pub(crate) use uncontended::{measure_cycles, run_for, Cycle, LockCycle, Measured};
 
 /// How long acquires in the scenarios may wait: far beyond any hand-off, so a timeout means a
 /// stuck backend, not a slow one.

@@ -81,10 +81,10 @@ pub(crate) async fn run_for(
 }
 
 /// What applications call: `lock(name, wait)` + `release()`.
-pub(super) struct LockCycle {
-    pub(super) lock: SharedLock,
-    pub(super) name: String,
-    pub(super) opts: LockOptions,
+pub(crate) struct LockCycle {
+    pub(crate) lock: SharedLock,
+    pub(crate) name: String,
+    pub(crate) opts: LockOptions,
 }
 
 #[async_trait]
