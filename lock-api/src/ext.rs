@@ -460,8 +460,14 @@ async fn acquire_waiting(
                     Attempt::Held { .. } => Err(wait::timeout(wait)),
                 };
             };
+            // Passed on by a waiter that won the lock: it is held through this handle, so an
+            // attempt now would only find it held. Wait for that release (or the first step).
+            if let Some(seen) = local.passed_by_a_winner() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                local.wait(seen, backoff.next_delay().min(left)).await;
+            }
             let seen = AtomicU64::new(local.releases());
-            wait::notified(
+            let granted = wait::notified(
                 deadline,
                 || {
                     seen.store(local.releases(), Ordering::Relaxed);
@@ -469,7 +475,11 @@ async fn acquire_waiting(
                 },
                 |max| local.wait(seen.load(Ordering::Relaxed), backoff.next_delay().min(max)),
             )
-            .await
+            .await;
+            if granted.is_ok() {
+                local.won();
+            }
+            granted
         }
         Waiting::Notify => {
             // An uncontended lock costs one request and no subscription.

@@ -4,6 +4,7 @@
 //! step. Waiters of other handles (other processes) still find the lock free by polling.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use crate::name::LockName;
 struct NameWaiters {
     releases: watch::Sender<u64>,
     turn: Arc<Semaphore>,
+    handed: Arc<AtomicU64>,
 }
 
 /// The polling waiters of one client handle, by lock name.
@@ -36,12 +38,14 @@ impl LocalWakes {
         let entry = names.entry(name.clone()).or_insert_with(|| NameWaiters {
             releases: watch::channel(0).0,
             turn: Arc::new(Semaphore::new(1)),
+            handed: Arc::default(),
         });
         LocalWaiter {
             wakes: self,
             name: name.clone(),
             rx: entry.releases.subscribe(),
             turn: entry.turn.clone(),
+            handed: entry.handed.clone(),
         }
     }
 
@@ -64,9 +68,27 @@ pub(crate) struct LocalWaiter<'a> {
     name: LockName,
     rx: watch::Receiver<u64>,
     turn: Arc<Semaphore>,
+    /// Set by a turn holder that won the lock: 1 + the releases counted then (0: not set).
+    handed: Arc<AtomicU64>,
 }
 
 impl LocalWaiter<'_> {
+    /// This waiter, holding the turn, won the lock: the next one to take the turn knows the
+    /// lock is held through this handle, and waits for its release before asking the server.
+    pub(crate) fn won(&self) {
+        self.handed
+            .store(self.releases().wrapping_add(1), Ordering::Release);
+    }
+
+    /// Whether the turn just taken was passed on by a waiter that won the lock, and the
+    /// releases counted then (for [`wait`](Self::wait)).
+    pub(crate) fn passed_by_a_winner(&self) -> Option<u64> {
+        match self.handed.swap(0, Ordering::AcqRel) {
+            0 => None,
+            n => Some(n.wrapping_sub(1)),
+        }
+    }
+
     /// Waits for this waiter's turn to poll the server for the name, which it has until the
     /// returned permit drops: the handle's waiters for a name take it one at a time, in the
     /// order they asked. `None` if `deadline` came first.
