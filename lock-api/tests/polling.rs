@@ -16,15 +16,27 @@ use distlock_api::{
     Result,
 };
 
-/// A memory client that waits by polling, as MySQL, MongoDB and RedLock do, and counts the
-/// attempts it sends.
-struct Polled {
+/// A memory client seen as a networked backend that waits the given way, counting the attempts
+/// it sends. Polling waits as MySQL, MongoDB and RedLock do; notified waits for server notices
+/// that never come (a lost notice), so only a same-handle wake-up, or the 5 s re-check, gets a
+/// waiter going again.
+struct Remote {
     inner: distlock_api::MemoryLock,
+    waiting: Waiting,
     attempts: AtomicUsize,
 }
 
+struct Silence;
+
 #[distlock_api::backend::async_trait]
-impl DistributedLock for Polled {
+impl Notices for Silence {
+    async fn wait(&self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+#[distlock_api::backend::async_trait]
+impl DistributedLock for Remote {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -32,10 +44,10 @@ impl DistributedLock for Polled {
         self.inner.core()
     }
     fn waiting(&self) -> Waiting {
-        Waiting::Poll(Backoff::new(
-            Duration::from_secs(60),
-            Duration::from_secs(60),
-        ))
+        self.waiting.clone()
+    }
+    async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Notices>> {
+        Ok(Box::new(Silence))
     }
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
@@ -52,11 +64,23 @@ impl DistributedLock for Polled {
     }
 }
 
-fn polled(store: &MemoryStore) -> Arc<Polled> {
-    Arc::new(Polled {
+fn remote(store: &MemoryStore, waiting: Waiting) -> Arc<Remote> {
+    Arc::new(Remote {
         inner: store.client(),
+        waiting,
         attempts: AtomicUsize::new(0),
     })
+}
+
+/// Polling with a 60 s backoff.
+fn polled(store: &MemoryStore) -> Arc<Remote> {
+    remote(
+        store,
+        Waiting::Poll(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )),
+    )
 }
 
 const TASKS: usize = 6;
@@ -173,55 +197,10 @@ async fn a_queued_waiter_times_out_at_its_bound_and_a_dropped_one_leaves_the_que
     assert!(third.release().await.unwrap());
 }
 
-/// A memory client that waits for server notices which never come (a lost notice), so only a
-/// same-handle wake-up, or the 5 s re-check, gets a waiter going again.
-struct Deaf {
-    inner: distlock_api::MemoryLock,
-}
-
-struct Silence;
-
-#[distlock_api::backend::async_trait]
-impl Notices for Silence {
-    async fn wait(&self, max: Duration) {
-        tokio::time::sleep(max).await;
-    }
-}
-
-#[distlock_api::backend::async_trait]
-impl DistributedLock for Deaf {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn core(&self) -> &ClientCore {
-        self.inner.core()
-    }
-    fn waiting(&self) -> Waiting {
-        Waiting::Notify
-    }
-    async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Notices>> {
-        Ok(Box::new(Silence))
-    }
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        self.inner.attempt(req).await
-    }
-    async fn release(&self, grant: &Grant) -> Result<bool> {
-        self.inner.release(grant).await
-    }
-    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
-        self.inner.renew(grant, ttl).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notified_waiter_is_woken_by_a_release_through_its_own_handle() {
     let store = MemoryStore::new();
-    let lock = Arc::new(Deaf {
-        inner: store.client(),
-    });
+    let lock = remote(&store, Waiting::Notify);
     for _ in 0..5 {
         let held = lock.try_lock("n").await.unwrap().expect("free");
         let waiter = {
