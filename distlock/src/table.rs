@@ -19,6 +19,7 @@ pub fn capability_table() -> String {
         let blocking = match c.blocking {
             Blocking::Notify => "notified".to_string(),
             Blocking::Poll => "polls (backoff + jitter)".to_string(),
+            Blocking::Signal => "signalled by the server, else polls".to_string(),
             other => format!("{other:?}"),
         };
         let lease = match c.ttl.kind {

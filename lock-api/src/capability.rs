@@ -49,6 +49,11 @@ pub enum Blocking {
     Poll,
     /// The server tells it (pub/sub message, watch event); it does not poll.
     Notify,
+    /// The server tells it where the server can for the hold (a wait channel the holding
+    /// client keeps, such as MariaDB's `GET_LOCK` on a companion name; a change stream), and it
+    /// polls with backoff where it cannot (a holder that keeps no channel, a server without
+    /// change streams). Waiters of one client handle are woken by its own releases either way.
+    Signal,
 }
 
 /// How leases behave. Built with [`TtlSupport::new`]; fields may be added (`#[non_exhaustive]`).
@@ -192,6 +197,7 @@ impl Capabilities {
         let blocking = match self.blocking {
             Blocking::Poll => "poll (capped exponential backoff with jitter)",
             Blocking::Notify => "notify (the server wakes waiters)",
+            Blocking::Signal => "signal (the server wakes waiters where it can; else poll)",
         };
         format!(
             "- [{}] reentrant\n- [x] blocking: {blocking}\n- [{}] ttl: {ttl}\n- [{}] fair (FIFO)\n- [{}] fencing: {fencing}\n- [{}] renewal (watchdog)\n",

@@ -467,13 +467,41 @@ async fn acquire_waiting(
                 local.wait(seen, backoff.next_delay().min(left)).await;
             }
             let seen = AtomicU64::new(local.releases());
+            // The server's notices, where a polling backend has them for waiters of other
+            // handles (MariaDB's `GET_LOCK`, MongoDB's change streams): subscribed once an
+            // attempt found the lock held, so an uncontended acquire subscribes to nothing.
+            let notices = tokio::sync::OnceCell::new();
             let granted = wait::notified(
                 deadline,
                 || {
                     seen.store(local.releases(), Ordering::Relaxed);
                     attempt_once(this, req)
                 },
-                |max| local.wait(seen.load(Ordering::Relaxed), backoff.next_delay().min(max)),
+                |max| {
+                    let step = backoff.next_delay().min(max);
+                    let seen = seen.load(Ordering::Relaxed);
+                    let (notices, local) = (&notices, &local);
+                    async move {
+                        if !notices.initialized() {
+                            let subscribed = tokio::time::timeout(max, this.subscribe(&req.name));
+                            let subscribed = subscribed.await.ok().and_then(Result::ok);
+                            let fresh = subscribed.is_some();
+                            let _ = notices.set(subscribed);
+                            if fresh {
+                                // Attempt again at once: a release that came before the
+                                // subscription sends no notice to it.
+                                return;
+                            }
+                        }
+                        match notices.get() {
+                            Some(Some(n)) => tokio::select! {
+                                _ = n.wait(max) => {}
+                                _ = local.wait(seen, max) => {}
+                            },
+                            _ => local.wait(seen, step).await,
+                        }
+                    }
+                },
             )
             .await;
             if granted.is_ok() {

@@ -89,6 +89,14 @@ pub trait DistributedLock: Send + Sync + 'static {
 
     /// Subscribes to notices that `name` may have come free, for [`Waiting::Notify`]: made
     /// before the attempt that follows it, so a release in between is not missed.
+    ///
+    /// A [`Waiting::Poll`] backend may have notices too, for some holds or some servers (a
+    /// wait channel the holder keeps, a change stream where the server has them): its waiter
+    /// subscribes after an attempt found the lock held, attempts once more, and then waits for
+    /// the notices instead of the backoff step. Such notices must themselves fall back to a
+    /// backoff where the server has nothing to tell for the hold, and the capability says
+    /// [`Blocking::Signal`](crate::Blocking::Signal). An error here (the default's
+    /// `Unsupported` included) leaves the waiter polling.
     async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
         let _ = name;
         Err(Error::new(

@@ -24,6 +24,23 @@ struct Remote {
     inner: distlock_api::MemoryLock,
     waiting: Waiting,
     attempts: AtomicUsize,
+    /// The notices a polling client subscribes to, if its server has any (a `Notify` client
+    /// gets [`Silence`]).
+    signal: Option<Arc<Signal>>,
+    subscribed: AtomicUsize,
+}
+
+/// A server's wait channel that the test fires by hand.
+#[derive(Default)]
+struct Signal(tokio::sync::Notify);
+
+struct Signalled(Arc<Signal>);
+
+#[distlock_api::backend::async_trait]
+impl Notices for Signalled {
+    async fn wait(&self, max: Duration) {
+        let _ = tokio::time::timeout(max, self.0 .0.notified()).await;
+    }
 }
 
 struct Silence;
@@ -47,7 +64,15 @@ impl DistributedLock for Remote {
         self.waiting.clone()
     }
     async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Notices>> {
-        Ok(Box::new(Silence))
+        self.subscribed.fetch_add(1, Ordering::SeqCst);
+        match (&self.waiting, &self.signal) {
+            (Waiting::Notify, _) => Ok(Box::new(Silence)),
+            (_, Some(signal)) => Ok(Box::new(Signalled(signal.clone()))),
+            _ => Err(distlock_api::Error::new(
+                ErrorKind::Unsupported,
+                "no notices on this server",
+            )),
+        }
     }
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
@@ -69,6 +94,8 @@ fn remote(store: &MemoryStore, waiting: Waiting) -> Arc<Remote> {
         inner: store.client(),
         waiting,
         attempts: AtomicUsize::new(0),
+        signal: None,
+        subscribed: AtomicUsize::new(0),
     })
 }
 
@@ -223,4 +250,82 @@ async fn a_notified_waiter_is_woken_by_a_release_through_its_own_handle() {
         );
         assert!(next.unwrap().release().await.unwrap());
     }
+}
+
+/// A polling backend whose server also signals releases (MariaDB's `GET_LOCK`, MongoDB's change
+/// streams) subscribes only once an attempt found the lock held, attempts once more (a release
+/// before the subscription sends it nothing), and then waits for the signal, not the backoff:
+/// with a 60 s backoff, only the signal can hand the lock over within the test's bound. A
+/// waiter whose server has no notices keeps polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_waiter_with_server_signals_subscribes_when_held_and_is_woken_by_them() {
+    let store = MemoryStore::new();
+    let signal = Arc::new(Signal::default());
+    let backoff = Backoff::new(Duration::from_secs(60), Duration::from_secs(60));
+    let waiter = Arc::new(Remote {
+        inner: store.client(),
+        waiting: Waiting::Poll(backoff),
+        attempts: AtomicUsize::new(0),
+        signal: Some(signal.clone()),
+        subscribed: AtomicUsize::new(0),
+    });
+    let holder = polled(&store);
+    // Uncontended: one attempt, no subscription.
+    let g = waiter.lock("n", Duration::from_secs(5)).await.unwrap();
+    assert!(g.release().await.unwrap());
+    assert_eq!(waiter.attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(waiter.subscribed.load(Ordering::SeqCst), 0);
+
+    let held = holder.try_lock("n").await.unwrap().expect("free");
+    let task = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock("n", Duration::from_secs(30)).await })
+    };
+    // Held: attempt, subscribe, attempt again, then wait for the signal.
+    while waiter.attempts.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(waiter.subscribed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        waiter.attempts.load(Ordering::SeqCst),
+        3,
+        "no attempt while waiting for the signal"
+    );
+    assert!(!task.is_finished());
+    // Released through another handle: no same-handle wake-up, only the server's signal.
+    assert!(held.release().await.unwrap());
+    signal.0.notify_waiters();
+    let got = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the signal hands the lock over, not the 60 s backoff")
+        .unwrap()
+        .unwrap();
+    assert_eq!(waiter.attempts.load(Ordering::SeqCst), 4);
+    assert!(got.release().await.unwrap());
+
+    // No notices on this server: the waiter subscribes, is refused, and polls with its backoff.
+    let poller = remote(
+        &store,
+        Waiting::Poll(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+        )),
+    );
+    let held = holder.try_lock("n").await.unwrap().expect("free");
+    let task = {
+        let poller = poller.clone();
+        tokio::spawn(async move { poller.lock("n", Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(poller.subscribed.load(Ordering::SeqCst), 1, "asked once");
+    let polls = poller.attempts.load(Ordering::SeqCst);
+    assert!(polls >= 4, "kept polling: {polls} attempts in 200 ms");
+    assert!(held.release().await.unwrap());
+    let got = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("found free by polling")
+        .unwrap()
+        .unwrap();
+    assert!(got.release().await.unwrap());
 }

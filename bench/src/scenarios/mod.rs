@@ -57,6 +57,7 @@ pub(crate) async fn run_all(
             result.blocking = Some(match blocking {
                 Blocking::Notify => "notify".to_string(),
                 Blocking::Poll => "poll".to_string(),
+                Blocking::Signal => "signal".to_string(),
                 other => format!("{other:?}").to_lowercase(),
             });
         }

@@ -23,8 +23,12 @@ const HOLD_TTL: Duration = Duration::from_secs(60);
 
 pub(super) async fn run(target: &dyn Target, plan: &Plan, round_trip_us: Option<f64>) -> Res<Wake> {
     let holder = target.client().await?;
-    // Only notified waiting is judged in round trips; in-process there are none to count.
-    let notified = holder.capabilities().blocking == Blocking::Notify;
+    // Only notified (or signalled) waiting is judged in round trips; in-process there are none
+    // to count.
+    let notified = matches!(
+        holder.capabilities().blocking,
+        Blocking::Notify | Blocking::Signal
+    );
     let mut idle_floor = match notified && target.kind() != crate::targets::Kind::Memory {
         true => Some(target.floor().await?),
         false => None,
