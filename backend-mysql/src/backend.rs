@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -18,13 +18,14 @@ use crate::config::MysqlConfig;
 use crate::conn::{Lent, Pool};
 use crate::error::{error_from, is_conflict, is_duplicate, map_error};
 use crate::renewal::{BatchError, Renewals};
+use crate::signal::Signals;
 use crate::sql::{self, Statements};
 use crate::BACKEND;
 
 /// What the MySQL/MariaDB backend promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
-    .blocking(Blocking::Poll)
+    .blocking(Blocking::Signal)
     .ttl(TtlSupport::new(
         LeaseKind::PerLock,
         Duration::from_millis(1),
@@ -68,6 +69,19 @@ struct Inner {
     sweep_batch: u32,
     swept: AtomicU64,
     server_version: String,
+    /// Release signals for waiters of other clients, unless turned off.
+    signals: Option<Signals>,
+}
+
+/// What a release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Released {
+    /// Let go of the last hold: the row is gone.
+    Last,
+    /// Let go of one hold of several: the grant stays.
+    OneOfSeveral,
+    /// The grant was not held any more (expired, taken over or removed).
+    NotHeld,
 }
 
 /// A row of the lock table as acquire and inspect read it.
@@ -130,6 +144,16 @@ impl MysqlLock {
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
         let operation_timeout = config.get_operation_timeout();
+        let signals = config.get_release_signals().then(|| {
+            Signals::start(
+                options.clone(),
+                config.database().to_string(),
+                config.get_lock_table().to_string(),
+                size as usize,
+                config.get_backoff(),
+                operation_timeout,
+            )
+        });
         let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
             pool: match config.get_pool() {
@@ -145,6 +169,7 @@ impl MysqlLock {
             sweep_batch: config.get_sweep_batch(),
             swept: AtomicU64::new(0),
             server_version,
+            signals,
         });
         let sweeper = config
             .get_sweep_interval()
@@ -172,6 +197,22 @@ impl MysqlLock {
     /// deletes a live row. The background sweeper runs the same code.
     pub async fn sweep_now(&self) -> Result<u64> {
         self.inner.sweep().await
+    }
+
+    /// The companion name of `name`'s release signal, if signals are on (test-only).
+    #[cfg(feature = "testing")]
+    pub fn signal_name(&self, name: &LockName) -> Option<String> {
+        self.inner.signals.as_ref().map(|s| s.companion(name))
+    }
+
+    /// How many sessions this client's waiters have open to wait for release signals on
+    /// (test-only).
+    #[cfg(feature = "testing")]
+    pub fn wait_sessions(&self) -> usize {
+        self.inner
+            .signals
+            .as_ref()
+            .map_or(0, Signals::wait_sessions)
     }
 
     /// How many expired rows this client's sweeps have deleted so far.
@@ -202,7 +243,10 @@ impl std::fmt::Debug for MysqlLock {
 #[async_trait]
 impl DistributedLock for MysqlLock {
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        match self.inner.signals {
+            Some(_) => CAPABILITIES,
+            None => CAPABILITIES.blocking(Blocking::Poll),
+        }
     }
 
     fn core(&self) -> &ClientCore {
@@ -214,10 +258,26 @@ impl DistributedLock for MysqlLock {
     }
 
     /// Polls with the configured backoff; held answers carry the holder's remaining lease, so a
-    /// waiter wakes no later than the holder's expiry even when the step is longer.
+    /// waiter wakes no later than the holder's expiry even when the step is longer. With
+    /// release signals on, a waiter that found the lock held waits for the holder's signal
+    /// instead ([`subscribe`](Self::subscribe)).
     fn waiting(&self) -> Waiting {
         let (base, cap) = self.inner.backoff;
         Waiting::Poll(Backoff::new(base, cap))
+    }
+
+    /// The release signal of `name` (see [`MysqlConfig::release_signals`]): a wait in
+    /// `GET_LOCK` on its companion name, or the backoff step where the holder keeps none.
+    /// Opens nothing until the first wait. `Unsupported` with signals off.
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        match &self.inner.signals {
+            Some(signals) => Ok(Box::new(signals.notices(name))),
+            None => Err(Error::new(
+                ErrorKind::Unsupported,
+                "release signals are off for this client",
+            )
+            .with_backend(BACKEND)),
+        }
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
@@ -372,6 +432,7 @@ impl Inner {
                 .read(conn, name)
                 .await
                 .map_err(self.err("reading the lock row", &req.name))?;
+            let mut fresh = false;
             let outcome = match row {
                 Some(r) if r.remaining_us > 0 && r.owner == owner => {
                     self.join(conn, req, r.token, ttl_us).await
@@ -382,10 +443,18 @@ impl Inner {
                         expires_in: Some(left),
                     });
                 }
-                seen => self.grant_fresh(conn, req, seen.is_some(), ttl_us).await,
+                seen => {
+                    fresh = true;
+                    self.grant_fresh(conn, req, seen.is_some(), ttl_us).await
+                }
             };
             match outcome {
-                Ok(Some(grant)) => return Ok(Attempt::Granted(grant)),
+                Ok(Some(grant)) => {
+                    if let (true, Some(signals)) = (fresh, &self.signals) {
+                        signals.granted(&grant.name, grant.token.0);
+                    }
+                    return Ok(Attempt::Granted(grant));
+                }
                 Ok(None) => continue,
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(self.err("acquiring", &req.name)(e)),
@@ -508,14 +577,25 @@ impl Inner {
 
     /// A release within the operation timeout.
     async fn release(&self, g: &Grant) -> Result<bool> {
-        let mut conn = self.lend(&self.holders, &g.name).await?;
-        let outcome =
-            tokio::time::timeout(self.operation_timeout, self.release_on(&mut conn, g)).await;
-        conn.finish(outcome)
-            .unwrap_or_else(|| Err(self.timed_out("releasing", &g.name)))
+        let released = async {
+            let mut conn = self.lend(&self.holders, &g.name).await?;
+            let outcome =
+                tokio::time::timeout(self.operation_timeout, self.release_on(&mut conn, g)).await;
+            conn.finish(outcome)
+                .unwrap_or_else(|| Err(self.timed_out("releasing", &g.name)))
+        }
+        .await;
+        // The grant is gone unless one hold of several was let go: its signal goes too (also
+        // when the answer was lost; a waiter woken in vain looks at the row and waits again).
+        if let Some(signals) = &self.signals {
+            if !matches!(released, Ok(Released::OneOfSeveral)) {
+                signals.released(&g.name, g.token.0);
+            }
+        }
+        released.map(|r| r != Released::NotHeld)
     }
 
-    async fn release_on(&self, conn: &mut MySqlConnection, g: &Grant) -> Result<bool> {
+    async fn release_on(&self, conn: &mut MySqlConnection, g: &Grant) -> Result<Released> {
         let name = g.name.as_str().as_bytes();
         let owner_text = g.owner.text();
         let owner = owner_text.as_bytes();
@@ -528,14 +608,14 @@ impl Inner {
                 .bind(token)
         };
         for _ in 0..MAX_ROUNDS {
-            let step: sqlx::Result<Option<bool>> = async {
+            let step: sqlx::Result<Option<Released>> = async {
                 if exec(&self.sql.release_last)
                     .execute(&mut *conn)
                     .await?
                     .rows_affected()
                     == 1
                 {
-                    return Ok(Some(true));
+                    return Ok(Some(Released::Last));
                 }
                 if exec(&self.sql.release_one)
                     .execute(&mut *conn)
@@ -543,7 +623,7 @@ impl Inner {
                     .rows_affected()
                     == 1
                 {
-                    return Ok(Some(true));
+                    return Ok(Some(Released::OneOfSeveral));
                 }
                 let live: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.probe.clone()))
                     .bind(name)
@@ -552,10 +632,10 @@ impl Inner {
                     .fetch_optional(&mut *conn)
                     .await?;
                 match live {
-                    None => Ok(Some(false)),
+                    None => Ok(Some(Released::NotHeld)),
                     Some(0) => {
                         exec(&self.sql.clear_expired).execute(&mut *conn).await?;
-                        Ok(Some(false))
+                        Ok(Some(Released::NotHeld))
                     }
                     // Still live: another hold of this owner moved the count across 1 between
                     // our two statements. Try again.

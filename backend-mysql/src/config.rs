@@ -76,6 +76,7 @@ pub struct MysqlConfig {
     client: ClientOptions,
     create_tables: bool,
     backoff: (Duration, Duration),
+    release_signals: bool,
     /// The application's own pool (see [`MysqlConfig::from_pool`]).
     pool: Option<MySqlPool>,
     /// TLS, from the URL's `ssl-mode` and `ssl-ca` (feature `tls`).
@@ -104,6 +105,7 @@ impl MysqlConfig {
             ),
             create_tables: true,
             backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
+            release_signals: true,
             pool: None,
             ssl_mode: None,
             ssl_ca: None,
@@ -160,7 +162,8 @@ impl MysqlConfig {
     /// database is required. Query parameters set options: the shared ones of
     /// [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
     /// `operation_timeout`) and `pool_size`, `lock_table`, `fencing_table`, `sweep_interval`
-    /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables` (`true`/`false`), and with
+    /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables` (`true`/`false`),
+    /// `release_signals` (`true`/`false`), and with
     /// the `tls` feature `ssl-mode` (`disabled`, `preferred`, `required`, `verify_ca`,
     /// `verify_identity`) and `ssl-ca` (a PEM file; without it the system's trust store). Anything
     /// else, including a malformed URL, is an `InvalidArgument` (so a typo is not ignored).
@@ -198,6 +201,7 @@ impl MysqlConfig {
         config.lock_table = q.take_str("lock_table").unwrap_or(config.lock_table);
         config.fencing_table = q.take_str("fencing_table").unwrap_or(config.fencing_table);
         config.create_tables = q.take_bool("create_tables")?.unwrap_or(true);
+        config.release_signals = q.take_bool("release_signals")?.unwrap_or(true);
         // TLS: the mode and the CA, taken only by a build that has TLS.
         for key in ["ssl-mode", "sslmode", "ssl_mode", "ssl-ca", "ssl_ca"] {
             let Some(v) = q.take_str(key) else { continue };
@@ -229,6 +233,7 @@ impl MysqlConfig {
             "sweep_interval",
             "sweep_batch",
             "create_tables",
+            "release_signals",
             "ssl-mode",
             "ssl-ca",
         ])?;
@@ -334,6 +339,25 @@ impl MysqlConfig {
         self
     }
 
+    /// Whether waiters of other clients are woken by the server when a lock this client holds
+    /// is released (default `true`). The client then keeps one more session, on which it holds
+    /// a `GET_LOCK` user lock on a companion name (`distlock:` and a hash of the database, the
+    /// lock table and the lock's name) while it holds a lock, and its waiters wait in
+    /// `GET_LOCK` on sessions of their own (at most [`pool_size`](Self::pool_size)) instead of
+    /// polling. Waiters still poll with the backoff when the holder keeps no such lock (signals
+    /// off, or an older client). The lock itself is the row either way: signals move only when
+    /// waiters look again. Turn it off where `GET_LOCK` is not allowed (some proxies and
+    /// managed services) or the extra sessions are not wanted.
+    pub fn release_signals(mut self, on: bool) -> Self {
+        self.release_signals = on;
+        self
+    }
+
+    /// Whether release signals are on.
+    pub fn get_release_signals(&self) -> bool {
+        self.release_signals
+    }
+
     /// The pool size.
     pub fn get_pool_size(&self) -> u32 {
         self.pool_size
@@ -429,6 +453,7 @@ impl fmt::Debug for MysqlConfig {
             .field("client", &self.client)
             .field("create_tables", &self.create_tables)
             .field("backoff", &self.backoff)
+            .field("release_signals", &self.release_signals)
             .field("own_pool", &self.pool.is_some())
             .field("ssl_mode", &self.ssl_mode)
             .field("ssl_ca", &self.ssl_ca)

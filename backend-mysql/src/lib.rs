@@ -7,6 +7,7 @@ mod config;
 mod conn;
 mod error;
 mod renewal;
+mod signal;
 mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
