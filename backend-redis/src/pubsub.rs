@@ -164,6 +164,12 @@ impl distlock_api::backend::wait::Notices for Subscription {
 }
 
 impl Subscription {
+    /// Takes every message that has arrived so far as seen: the next [`wait`](Self::wait)
+    /// returns only at a later one.
+    pub(crate) fn mark_seen(&self) {
+        self.seen.store(*self.events.borrow(), Ordering::Relaxed);
+    }
+
     /// Returns when a message arrived on the channel since the last call (or since subscribing),
     /// or after `max`.
     pub(crate) async fn wait(&self, max: Duration) {

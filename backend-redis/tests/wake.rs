@@ -3,10 +3,15 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::{AcquireRequest, ClientCore};
+use distlock_api::{Capabilities, DistributedLock, Grant, LockInfo};
 use distlock_redis::redis;
-use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig};
+use distlock_redis::{LockExt, LockName, LockOptions, RedLock, RedLockConfig, RedisConfig};
 
 const ROUNDS: usize = 5;
 /// Generous on purpose: a release-driven wake takes a few ms; a timer-driven one would take the
@@ -99,4 +104,102 @@ fn uuid_like() -> String {
             .unwrap()
             .as_nanos()
     )
+}
+
+/// A RedLock client that counts the attempts (rounds) it sends.
+struct Counted {
+    inner: RedLock,
+    attempts: AtomicUsize,
+}
+
+#[distlock_api::backend::async_trait]
+impl DistributedLock for Counted {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn core(&self) -> &ClientCore {
+        self.inner.core()
+    }
+    fn waiting(&self) -> Waiting {
+        self.inner.waiting()
+    }
+    async fn subscribe(&self, name: &LockName) -> distlock_redis::Result<Box<dyn Notices>> {
+        self.inner.subscribe(name).await
+    }
+    async fn attempt(&self, req: &AcquireRequest) -> distlock_redis::Result<Attempt> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.inner.attempt(req).await
+    }
+    async fn release(&self, grant: &Grant) -> distlock_redis::Result<bool> {
+        self.inner.release(grant).await
+    }
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> distlock_redis::Result<Duration> {
+        self.inner.renew(grant, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> distlock_redis::Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// RedLock waiters listen to the masters' release channels instead of polling: while a holder
+/// keeps the lock for a second, a waiter of another client sends three rounds (the first,
+/// and one more after subscribing on every master) where its backoff (2 ms doubling to
+/// 100 ms) would have sent about fifteen, and the release wakes it for one or two more (a
+/// release publishes on each master, and a copy may arrive during the retry) well before the
+/// 5 s re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_polling() {
+    if distlock_conformance::skipped_by_env("redlock") {
+        eprintln!("SKIPPING: DISTLOCK_SKIP names redlock");
+        return;
+    }
+    let connect = || async {
+        RedLock::connect(RedLockConfig::from_url(&common::redlock_url()).unwrap())
+            .await
+            .expect("the RedLock masters (scripts/services up)")
+    };
+    let holder = Arc::new(connect().await);
+    let waiter = Arc::new(Counted {
+        inner: connect().await,
+        attempts: AtomicUsize::new(0),
+    });
+    assert_eq!(
+        waiter.capabilities().blocking,
+        distlock_api::Blocking::Signal
+    );
+    // The masters, as single-server URLs (the test masters have no password).
+    let urls: Vec<String> = distlock_conformance::hosts_of(&common::redlock_url())
+        .into_iter()
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    for round in 0..3 {
+        let name = format!("redlock-wake-{round}-{}", uuid_like());
+        let held = holder
+            .lock_with(&name, &LockOptions::new().ttl(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let before = waiter.attempts.load(Ordering::SeqCst);
+        let task = {
+            let (waiter, name) = (waiter.clone(), name.clone());
+            tokio::spawn(async move { waiter.lock(&name, Duration::from_secs(20)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let waiting = waiter.attempts.load(Ordering::SeqCst) - before;
+        assert_eq!(waiting, 2, "rounds sent while the lock was held");
+        for url in &urls {
+            let n = common::subscribers(url, &LockName::new(&name).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "not subscribed on {url}");
+        }
+        assert!(held.release().await.unwrap());
+        let got = tokio::time::timeout(Duration::from_secs(3), task)
+            .await
+            .expect("woken by the release, not the 5 s re-check")
+            .unwrap()
+            .unwrap();
+        let woken = waiter.attempts.load(Ordering::SeqCst) - before - waiting;
+        assert!((1..=2).contains(&woken), "{woken} rounds after the release");
+        assert!(got.release().await.unwrap());
+    }
 }

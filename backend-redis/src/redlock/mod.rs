@@ -41,7 +41,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -50,6 +50,7 @@ use distlock_api::{
 use futures::future::join_all;
 
 use crate::config::RedLockConfig;
+use crate::pubsub::{Hub, HubConfig, Subscription};
 
 mod acquire;
 mod holds;
@@ -63,7 +64,7 @@ use round::{finish_late, join_errors, kth_largest, next_before, no_answer, Deadl
 /// What [`RedLock`] promises.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
-    .blocking(Blocking::Poll)
+    .blocking(Blocking::Signal)
     .ttl(TtlSupport::new(
         LeaseKind::PerLock,
         Duration::from_millis(1),
@@ -106,6 +107,8 @@ pub struct RedLock {
 
 struct Shared {
     servers: Vec<Server>,
+    /// One pub/sub hub per master (connected on the first wait), in the order of `servers`.
+    hubs: Vec<Hub>,
     quorum: usize,
     response_timeout: Duration,
     default_ttl: Duration,
@@ -185,10 +188,23 @@ impl RedLock {
             )
             .with_backend(Self::BACKEND));
         }
+        let hubs = config
+            .endpoints
+            .iter()
+            .map(|endpoint| {
+                Hub::new(HubConfig {
+                    endpoint: endpoint.clone(),
+                    backend: Self::BACKEND,
+                    connect_timeout: config.options.client.connect_timeout,
+                    response_timeout: config.options.client.operation_timeout,
+                })
+            })
+            .collect();
         Ok(Self {
             core,
             shared: Arc::new(Shared {
                 servers,
+                hubs,
                 quorum,
                 response_timeout: config.options.client.operation_timeout,
                 default_ttl: config.options.client.default_ttl,
@@ -230,9 +246,47 @@ impl DistributedLock for RedLock {
     }
 
     /// Rounds are retried after a random delay ([`Backoff::default`]'s jittered steps), as the
-    /// RedLock description asks of a client that failed to get a majority.
+    /// RedLock description asks of a client that failed to get a majority; a waiter subscribed
+    /// to the masters' release channels ([`subscribe`](Self::subscribe)) retries when one of
+    /// them tells it the lock was released instead.
     fn waiting(&self) -> Waiting {
         Waiting::Poll(Backoff::default())
+    }
+
+    /// The release channel of `name` on every master that confirms it within the master
+    /// deadline; `Unavailable` (and the waiter keeps polling) when fewer than a majority do.
+    /// A majority suffices: the holder's grant is on a majority too, and a release deletes the
+    /// lock on each master of it, which publishes there.
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        let shared = &self.shared;
+        let bound = master_deadline(shared.default_ttl, shared.response_timeout);
+        let asked = shared
+            .hubs
+            .iter()
+            .zip(&shared.servers)
+            .map(|(hub, server)| {
+                let channel = server.keys.channel(name);
+                async move { tokio::time::timeout(bound, hub.subscribe(&channel)).await }
+            });
+        let subs: Vec<Subscription> = join_all(asked)
+            .await
+            .into_iter()
+            .filter_map(|r| r.ok().and_then(Result::ok))
+            .collect();
+        if subs.len() < shared.quorum {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "only {} of {} masters confirmed the release channel, {} needed",
+                    subs.len(),
+                    shared.hubs.len(),
+                    shared.quorum
+                ),
+            )
+            .with_backend(Self::BACKEND)
+            .with_lock(name));
+        }
+        Ok(Box::new(MasterNotices(subs)))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
@@ -417,6 +471,24 @@ impl DistributedLock for RedLock {
             .with_lock(name));
         }
         Ok(true)
+    }
+}
+
+/// A RedLock waiter's release notices: the name's channel on a majority of masters or more.
+struct MasterNotices(Vec<Subscription>);
+
+#[async_trait]
+impl Notices for MasterNotices {
+    /// Returns at the first message on any master's channel, or after `max`. A release
+    /// publishes on each master it deleted the lock on; the copies that have arrived by the time
+    /// this returns are taken as seen (the retry that follows covers them), so only copies that
+    /// come later can wake the next wait early.
+    async fn wait(&self, max: Duration) {
+        let waits = self.0.iter().map(|s| Box::pin(s.wait(max)));
+        let _ = futures::future::select_all(waits).await;
+        for s in &self.0 {
+            s.mark_seen();
+        }
     }
 }
 
