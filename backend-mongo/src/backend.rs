@@ -2,9 +2,10 @@
 
 use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -21,12 +22,13 @@ use mongodb::{Client, Collection};
 
 use crate::commands::{self, COUNT, GRANTED_AT, OWNER, REMAINING_MS, TOKEN};
 use crate::config::{driver_message, MongoConfig};
+use crate::streams::Streams;
 use crate::BACKEND;
 
 /// What the MongoDB backend promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
-    .blocking(Blocking::Poll)
+    .blocking(Blocking::Signal)
     // BSON dates and `$$NOW` count milliseconds.
     .ttl(TtlSupport::new(
         LeaseKind::PerLock,
@@ -37,9 +39,10 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fencing(Fencing::Durable)
     .renewal(true);
 
-/// How long a waiter sleeps at most between two attempts; the holder's expiry (read from the
-/// server with each attempt) wakes it earlier.
-pub const POLL_CAP: Duration = Duration::from_millis(100);
+/// How long a polling waiter sleeps at most between two attempts by default
+/// ([`MongoConfig::backoff`]); the holder's expiry (read from the server with each attempt) wakes
+/// it earlier, and so does the change stream where the server has one.
+pub const POLL_CAP: Duration = crate::config::DEFAULT_BACKOFF_CAP;
 
 /// The duplicate-key error code: a concurrent upsert inserted the document first.
 const DUPLICATE_KEY: i32 = 11000;
@@ -83,6 +86,9 @@ pub struct MongoLock {
     locks: Collection<Document>,
     operation_timeout: Duration,
     server: ServerInfo,
+    backoff: Backoff,
+    /// The change stream waiters listen to, `None` if turned off.
+    streams: Option<Arc<Streams>>,
 }
 
 impl MongoLock {
@@ -160,17 +166,49 @@ impl MongoLock {
         if let Some(owner) = config.client.owner {
             core = core.with_owner(owner);
         }
+        let (base, cap) = config.backoff;
+        let backoff = Backoff::new(base, cap);
+        let streams = config.change_streams.then(|| {
+            Arc::new(Streams::new(
+                locks.clone(),
+                config.client.operation_timeout,
+                backoff.clone(),
+            ))
+        });
         Ok(Self {
             core,
             locks,
             operation_timeout: config.client.operation_timeout,
             server,
+            backoff,
+            streams,
         })
     }
 
     /// What the server reported at connect: its version and replica set.
     pub fn server(&self) -> &ServerInfo {
         &self.server
+    }
+
+    /// Whether this client has a change stream open for its waiters (test-only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn change_stream_open(&self) -> bool {
+        self.streams.as_ref().is_some_and(|s| s.is_open())
+    }
+
+    /// How many lock names this client's waiters listen for on its change stream (test-only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn watched_names(&self) -> usize {
+        self.streams.as_ref().map_or(0, |s| s.names())
+    }
+
+    /// How many change streams this client has opened so far (test-only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn change_streams_opened(&self) -> u64 {
+        self.streams.as_ref().map_or(0, |s| s.opened())
     }
 
     /// The collection holding the lock documents, with the backend's read and write concerns.
@@ -531,8 +569,26 @@ impl DistributedLock for MongoLock {
         job.run().await
     }
 
+    /// Polls with the configured backoff; where the server has change streams, a waiter that
+    /// found the lock held also [`subscribe`](Self::subscribe)s and waits for them instead.
     fn waiting(&self) -> Waiting {
-        Waiting::Poll(Backoff::new(Duration::from_millis(2), POLL_CAP))
+        Waiting::Poll(self.backoff.clone())
+    }
+
+    /// Listens on the client's change stream for events that may free `name` (opening the
+    /// stream if the client has none open). `Unsupported` when turned off or where the server
+    /// refused a stream in the last 30 s, another error when opening failed now: the waiter
+    /// then polls.
+    async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
+        let Some(streams) = &self.streams else {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "change streams are turned off for this client",
+            )
+            .with_backend(BACKEND));
+        };
+        let sub = streams.subscribe(name.as_str()).await;
+        Ok(Box::new(sub.map_err(|e| e.with_lock(name))?))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {

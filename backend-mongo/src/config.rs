@@ -18,6 +18,13 @@ pub const DEFAULT_COLLECTION: &str = "locks";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one lock operation (and its `w: majority` acknowledgement) may take.
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default first backoff step of a polling waiter.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(2);
+/// The default longest backoff step of a polling waiter.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
+
+/// The longest backoff step accepted.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// A database name's limit in bytes (MongoDB's own).
 const MAX_DATABASE_LEN: usize = 63;
@@ -48,13 +55,20 @@ pub struct MongoConfig {
     pub(crate) client: ClientOptions,
     /// The application's own driver client (see [`MongoConfig::from_client`]).
     pub(crate) given: Option<mongodb::Client>,
+    /// A polling waiter's first backoff step and cap.
+    pub(crate) backoff: (Duration, Duration),
+    /// Whether waiters listen to a change stream (where the server has them).
+    pub(crate) change_streams: bool,
 }
 
 impl MongoConfig {
     /// Parses a `mongodb://` or `mongodb+srv://` connection string, the driver's own format
     /// (hosts, credentials, `replicaSet`, TLS and the other standard options), plus the shared
     /// options of [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
-    /// `operation_timeout`), which are taken out before the rest goes to the driver. The path
+    /// `operation_timeout`) and this backend's own (`backoff_base` and `backoff_cap`, durations,
+    /// see [`backoff`](Self::backoff); `change_streams`, `true`/`false`, see
+    /// [`change_streams`](Self::change_streams)), which are taken out before the rest goes to
+    /// the driver. The path
     /// names the database (default `distlock`). Without `connect_timeout`,
     /// `serverSelectionTimeoutMS` (or else `connectTimeoutMS`) sets the connect timeout. No
     /// I/O happens here: a `mongodb+srv://` host is resolved by
@@ -72,6 +86,9 @@ impl MongoConfig {
             DEFAULT_OPERATION_TIMEOUT,
         );
         client.take_from(&mut query)?;
+        let backoff_base = query.take_duration(&["backoff_base"])?;
+        let backoff_cap = query.take_duration(&["backoff_cap"])?;
+        let change_streams = query.take_bool("change_streams")?.unwrap_or(true);
         let base = raw.split_once('?').map_or(raw, |(b, _)| b);
         let driver_url = match query.rest() {
             Some(rest) => format!("{base}?{rest}"),
@@ -106,6 +123,11 @@ impl MongoConfig {
             collection: DEFAULT_COLLECTION.to_string(),
             client,
             given: None,
+            backoff: (
+                backoff_base.unwrap_or(DEFAULT_BACKOFF_BASE),
+                backoff_cap.unwrap_or(DEFAULT_BACKOFF_CAP),
+            ),
+            change_streams,
         };
         config.validate()?;
         Ok(config)
@@ -144,6 +166,8 @@ impl MongoConfig {
                 DEFAULT_OPERATION_TIMEOUT,
             ),
             given: Some(client),
+            backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
+            change_streams: true,
         }
     }
 
@@ -162,6 +186,36 @@ impl MongoConfig {
         self
     }
 
+    /// The backoff of a polling waiter: the first step and the cap of the doubling steps
+    /// (default 2 ms to 100 ms, at most 60 s). A waiter polls where it has no change stream
+    /// (see [`change_streams`](Self::change_streams)), and wakes at the holder's expiry either
+    /// way.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.backoff = (base, cap);
+        self
+    }
+
+    /// Whether waiters are woken by a change stream on the lock collection (default `true`):
+    /// the client opens one when a waiter first finds a lock held, shares it among its waiters
+    /// and closes it about 10 s after the last one is done. Where the server has no change
+    /// streams (a standalone server) waiters poll with the [`backoff`](Self::backoff) anyway;
+    /// turn it off where the stream is not wanted (an account without the `changeStream`
+    /// privilege, a proxy that does not pass it through).
+    pub fn change_streams(mut self, on: bool) -> Self {
+        self.change_streams = on;
+        self
+    }
+
+    /// The backoff's first step and cap.
+    pub fn get_backoff(&self) -> (Duration, Duration) {
+        self.backoff
+    }
+
+    /// Whether waiters listen to a change stream.
+    pub fn get_change_streams(&self) -> bool {
+        self.change_streams
+    }
+
     /// Checks every option; [`MongoLock::connect`](crate::MongoLock::connect) calls it before
     /// any I/O. The connect timeout bounds the driver's connect and server selection and the
     /// first round trip; the operation timeout bounds one lock operation including its
@@ -170,6 +224,12 @@ impl MongoConfig {
         validate_database(&self.database)?;
         validate_collection(&self.collection)?;
         validate_namespace(&self.database, &self.collection)?;
+        let (base, cap) = self.backoff;
+        if base.is_zero() || base > cap || cap > MAX_BACKOFF {
+            return Err(invalid(format!(
+                "backoff {base:?}..{cap:?} must satisfy 0 < base <= cap <= {MAX_BACKOFF:?}"
+            )));
+        }
         self.client.validate(BACKEND)
     }
 
@@ -381,5 +441,43 @@ mod tests {
             kind(c().default_ttl(Duration::ZERO).validate()),
             ErrorKind::InvalidArgument
         );
+        let ms = Duration::from_millis;
+        for (base, cap) in [(ms(0), ms(10)), (ms(10), ms(1)), (ms(1), ms(60_001))] {
+            assert_eq!(
+                kind(c().backoff(base, cap).validate()),
+                ErrorKind::InvalidArgument,
+                "{base:?}..{cap:?}"
+            );
+        }
+        c().backoff(ms(5), Duration::from_secs(60))
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn backoff_and_change_streams_from_the_url() {
+        let c = MongoConfig::from_url("mongodb://a/app?replicaSet=rs0").unwrap();
+        assert_eq!(c.get_backoff(), (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP));
+        assert!(c.get_change_streams());
+        let c = MongoConfig::from_url(
+            "mongodb://a/app?backoff_base=20ms&backoff_cap=30s&change_streams=false&replicaSet=rs0",
+        )
+        .unwrap();
+        assert_eq!(
+            c.get_backoff(),
+            (Duration::from_millis(20), Duration::from_secs(30))
+        );
+        assert!(!c.get_change_streams());
+        assert_eq!(c.conn.replica_set.as_deref(), Some("rs0"));
+        for bad in [
+            "mongodb://a/?backoff_cap=1ms",
+            "mongodb://a/?backoff_base=0ms",
+            "mongodb://a/?backoff_cap=2m",
+            "mongodb://a/?backoff_base=fast",
+            "mongodb://a/?change_streams=maybe",
+        ] {
+            let e = MongoConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+        }
     }
 }

@@ -5,13 +5,14 @@
 mod backend;
 mod commands;
 mod config;
+mod streams;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use backend::{MongoLock, ServerInfo, CAPABILITIES, POLL_CAP};
 pub use config::{
-    MongoConfig, DEFAULT_COLLECTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE,
-    DEFAULT_OPERATION_TIMEOUT,
+    MongoConfig, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_COLLECTION,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE, DEFAULT_OPERATION_TIMEOUT,
 };
 pub use distlock_api::{
     Capabilities, DistributedLock, Error, ErrorKind, FencingToken, LockExt, LockGuard, LockInfo,

@@ -1,5 +1,6 @@
-//! How soon a polling waiter gets the lock after the holder releases it, measured over several
-//! hand-offs on the server at `DISTLOCK_MONGO_URL` (default `mongodb://127.0.0.1:27017`).
+//! How soon a waiter on another client gets the lock after the holder releases it (woken by the
+//! change stream, or by polling where there is none), measured over several hand-offs on the
+//! server at `DISTLOCK_MONGO_URL` (default `mongodb://127.0.0.1:27017`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
