@@ -170,6 +170,16 @@ impl Subscription {
         self.seen.store(*self.events.borrow(), Ordering::Relaxed);
     }
 
+    /// Whether a message arrived since the last [`mark_seen`](Self::mark_seen) or wait.
+    pub(crate) fn moved(&self) -> bool {
+        *self.events.borrow() != self.seen.load(Ordering::Relaxed)
+    }
+
+    /// The channel's message count, to await the next message with.
+    pub(crate) fn receiver(&self) -> watch::Receiver<u64> {
+        self.events.clone()
+    }
+
     /// Returns when a message arrived on the channel since the last call (or since subscribing),
     /// or after `max`.
     pub(crate) async fn wait(&self, max: Duration) {

@@ -142,11 +142,11 @@ impl DistributedLock for Counted {
 }
 
 /// RedLock waiters listen to the masters' release channels instead of polling: while a holder
-/// keeps the lock for a second, a waiter of another client sends three rounds (the first,
-/// and one more after subscribing on every master) where its backoff (2 ms doubling to
-/// 100 ms) would have sent about fifteen, and the release wakes it for one or two more (a
-/// release publishes on each master, and a copy may arrive during the retry) well before the
-/// 5 s re-check.
+/// keeps the lock for a second, a waiter of another client sends two rounds (the first, and
+/// one more after subscribing on every master) where its backoff (2 ms doubling to 100 ms)
+/// would have sent about fifteen; a message from one master alone does not wake it, one from a
+/// majority does; and the release wakes it for one or two more rounds (a release publishes on
+/// each master, and a copy may arrive during the retry) well before the 5 s re-check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_polling() {
     if distlock_conformance::skipped_by_env("redlock") {
@@ -192,6 +192,41 @@ async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_pollin
                 .unwrap();
             assert_eq!(n, 1, "not subscribed on {url}");
         }
+        if round == 0 && urls.len() >= 3 {
+            // A message from one master (as a failed round's give-back on a minority sends)
+            // wakes nobody; one from a second master makes a majority, and the waiter looks.
+            let publish = |url: &String| {
+                let url = url.clone();
+                let name = name.clone();
+                async move {
+                    let config = RedisConfig::from_url(&url).unwrap();
+                    let channel = config.release_channel(&LockName::new(&name).unwrap());
+                    let mut con = common::raw(&url).await.unwrap();
+                    let _: i64 = redis::cmd("PUBLISH")
+                        .arg(channel)
+                        .arg("released")
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                }
+            };
+            publish(&urls[0]).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                waiter.attempts.load(Ordering::SeqCst) - before,
+                2,
+                "woken by one master's message"
+            );
+            publish(&urls[1]).await;
+            let until = Instant::now() + Duration::from_secs(3);
+            while waiter.attempts.load(Ordering::SeqCst) - before < 3 {
+                assert!(Instant::now() < until, "not woken by a majority's messages");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(waiter.attempts.load(Ordering::SeqCst) - before, 3);
+        }
+        let waiting = waiter.attempts.load(Ordering::SeqCst) - before;
         assert!(held.release().await.unwrap());
         let got = tokio::time::timeout(Duration::from_secs(3), task)
             .await
@@ -202,4 +237,15 @@ async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_pollin
         assert!((1..=2).contains(&woken), "{woken} rounds after the release");
         assert!(got.release().await.unwrap());
     }
+    // Turned off, the client says it polls and has no notices.
+    let config = RedLockConfig::from_url(&common::redlock_url()).unwrap();
+    let quiet = RedLock::connect(config.release_signals(false))
+        .await
+        .unwrap();
+    assert_eq!(quiet.capabilities().blocking, distlock_api::Blocking::Poll);
+    let refused = quiet.subscribe(&LockName::new("x").unwrap()).await;
+    assert_eq!(
+        refused.err().map(|e| e.kind()),
+        Some(distlock_api::ErrorKind::Unsupported)
+    );
 }

@@ -188,9 +188,11 @@ impl RedLock {
             )
             .with_backend(Self::BACKEND));
         }
+        let signals = config.get_release_signals();
         let hubs = config
             .endpoints
             .iter()
+            .filter(|_| signals)
             .map(|endpoint| {
                 Hub::new(HubConfig {
                     endpoint: endpoint.clone(),
@@ -234,7 +236,10 @@ impl RedLock {
 #[async_trait]
 impl DistributedLock for RedLock {
     fn capabilities(&self) -> Capabilities {
-        REDLOCK_CAPABILITIES
+        match self.shared.hubs.is_empty() {
+            false => REDLOCK_CAPABILITIES,
+            true => REDLOCK_CAPABILITIES.blocking(Blocking::Poll),
+        }
     }
 
     fn core(&self) -> &ClientCore {
@@ -259,6 +264,13 @@ impl DistributedLock for RedLock {
     /// lock on each master of it, which publishes there.
     async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
         let shared = &self.shared;
+        if shared.hubs.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "release signals are off for this client",
+            )
+            .with_backend(Self::BACKEND));
+        }
         let bound = master_deadline(shared.default_ttl, shared.response_timeout);
         let asked = shared
             .hubs
@@ -286,7 +298,10 @@ impl DistributedLock for RedLock {
             .with_backend(Self::BACKEND)
             .with_lock(name));
         }
-        Ok(Box::new(MasterNotices(subs)))
+        Ok(Box::new(MasterNotices {
+            subs,
+            quorum: shared.quorum,
+        }))
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
@@ -475,18 +490,43 @@ impl DistributedLock for RedLock {
 }
 
 /// A RedLock waiter's release notices: the name's channel on a majority of masters or more.
-struct MasterNotices(Vec<Subscription>);
+struct MasterNotices {
+    subs: Vec<Subscription>,
+    quorum: usize,
+}
 
 #[async_trait]
 impl Notices for MasterNotices {
-    /// Returns at the first message on any master's channel, or after `max`. A release
-    /// publishes on each master it deleted the lock on; the copies that have arrived by the time
-    /// this returns are taken as seen (the retry that follows covers them), so only copies that
-    /// come later can wake the next wait early.
+    /// Returns once messages have come from a majority of masters since the last wait (or
+    /// since subscribing), or after `max`. A holder's release deletes the lock on each master
+    /// of its majority, and each of them publishes; a failed round that gives back what it got
+    /// on a minority publishes there too, but on fewer masters than a majority, so the
+    /// contenders' own retries do not wake each other in a storm. A split vote (every
+    /// contender gave back a minority) publishes across the masters, and wakes them. Messages
+    /// that have arrived by the time this returns are taken as seen: the retry that follows
+    /// covers them.
     async fn wait(&self, max: Duration) {
-        let waits = self.0.iter().map(|s| Box::pin(s.wait(max)));
-        let _ = futures::future::select_all(waits).await;
-        for s in &self.0 {
+        let needed = self.quorum.min(self.subs.len()).max(1);
+        let deadline = tokio::time::Instant::now() + max;
+        let mut counts: Vec<_> = self.subs.iter().map(Subscription::receiver).collect();
+        loop {
+            // Marked before counting, so a message after the count wakes the wait below.
+            for c in &mut counts {
+                c.borrow_and_update();
+            }
+            if self.subs.iter().filter(|s| s.moved()).count() >= needed {
+                break;
+            }
+            let next =
+                futures::future::select_all(counts.iter_mut().map(|c| Box::pin(c.changed())));
+            match tokio::time::timeout_at(deadline, next).await {
+                Ok((Ok(()), _, _)) => {}
+                // Out of time, or a channel whose sender is gone (it lives as long as the
+                // subscription, so never): the caller retries.
+                _ => break,
+            }
+        }
+        for s in &self.subs {
             s.mark_seen();
         }
     }
