@@ -205,7 +205,7 @@ impl MysqlLock {
         self.inner.signals.as_ref().map(|s| s.companion(name))
     }
 
-    /// How many sessions this client's waiters have open to wait for release signals on
+    /// How many sessions this client's waiters have opened to wait for release signals on
     /// (test-only).
     #[cfg(feature = "testing")]
     pub fn wait_sessions(&self) -> usize {

@@ -74,6 +74,10 @@ pub(crate) enum Op {
 pub(crate) struct Signals {
     ops: mpsc::UnboundedSender<Op>,
     waits: Arc<WaitSessions>,
+    /// The companion names of the grants this client holds, with how many: a waiter of this
+    /// client for one of them is woken by the client's own release (lock-api's same-handle
+    /// wake-up) and does not wait on the server.
+    own: Arc<Mutex<HashMap<String, usize>>>,
     database: String,
     table: String,
     backoff: (Duration, Duration),
@@ -97,13 +101,19 @@ impl Signals {
                 options,
                 idle: Mutex::default(),
                 open: AtomicUsize::new(0),
+                opened: AtomicUsize::new(0),
                 limit: sessions.max(1),
                 timeout,
             }),
+            own: Arc::default(),
             database,
             table,
             backoff,
         }
+    }
+
+    fn own(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.own.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The companion name of `name`'s lock.
@@ -113,12 +123,24 @@ impl Signals {
 
     /// A fresh grant of `name` with `token`: the signal task takes its companion lock.
     pub(crate) fn granted(&self, name: &LockName, token: u64) {
-        let _ = self.ops.send(Op::Take(self.companion(name), token));
+        let companion = self.companion(name);
+        *self.own().entry(companion.clone()).or_default() += 1;
+        let _ = self.ops.send(Op::Take(companion, token));
     }
 
     /// The grant of `name` with `token` is released or gone: its companion lock is let go.
     pub(crate) fn released(&self, name: &LockName, token: u64) {
-        let _ = self.ops.send(Op::Give(self.companion(name), token));
+        let companion = self.companion(name);
+        {
+            let mut own = self.own();
+            if let Some(n) = own.get_mut(&companion) {
+                *n -= 1;
+                if *n == 0 {
+                    own.remove(&companion);
+                }
+            }
+        }
+        let _ = self.ops.send(Op::Give(companion, token));
     }
 
     /// Notices for a waiter of `name`.
@@ -126,14 +148,15 @@ impl Signals {
         ReleaseNotices {
             companion: self.companion(name),
             waits: self.waits.clone(),
+            own: self.own.clone(),
             backoff: Mutex::new(Backoff::new(self.backoff.0, self.backoff.1)),
         }
     }
 
-    /// How many wait sessions are open (test-only).
+    /// How many wait sessions this client has opened so far (test-only).
     #[cfg(feature = "testing")]
     pub(crate) fn wait_sessions(&self) -> usize {
-        self.waits.open.load(Ordering::SeqCst)
+        self.waits.opened.load(Ordering::SeqCst)
     }
 }
 
@@ -263,6 +286,8 @@ struct WaitSessions {
     options: MySqlConnectOptions,
     idle: Mutex<Vec<MySqlConnection>>,
     open: AtomicUsize,
+    /// Sessions opened so far.
+    opened: AtomicUsize,
     limit: usize,
     timeout: Duration,
 }
@@ -298,6 +323,7 @@ impl WaitSessions {
         let connect = MySqlConnection::connect_with(&self.options);
         match tokio::time::timeout(max.min(self.timeout), connect).await {
             Ok(Ok(conn)) => {
+                self.opened.fetch_add(1, Ordering::Relaxed);
                 session.conn = Some(conn);
                 Some(session)
             }
@@ -335,6 +361,7 @@ impl Drop for WaitSession {
 pub(crate) struct ReleaseNotices {
     companion: String,
     waits: Arc<WaitSessions>,
+    own: Arc<Mutex<HashMap<String, usize>>>,
     backoff: Mutex<Backoff>,
 }
 
@@ -349,6 +376,18 @@ impl ReleaseNotices {
 impl Notices for ReleaseNotices {
     async fn wait(&self, max: Duration) {
         let started = Instant::now();
+        let held_here = self
+            .own
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&self.companion);
+        if held_here {
+            // This client holds the lock: its release wakes the waiter through the handle
+            // (the caller waits for that too), and a wait in `GET_LOCK` cut short by it would
+            // cost the session.
+            tokio::time::sleep(max).await;
+            return;
+        }
         let Some(mut session) = self.waits.take(max).await else {
             tokio::time::sleep(self.step(max)).await;
             return;

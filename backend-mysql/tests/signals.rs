@@ -233,3 +233,38 @@ async fn without_the_holders_signal_a_waiter_polls() {
     assert!(got.release().await.unwrap());
     tables.drop_all().await;
 }
+
+/// Tasks sharing one client hand the lock over through the client (its release wakes its own
+/// waiter) and never wait on the server for a lock their own client holds: no wait session is
+/// opened, so none is cut short and reopened at each hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_client_hand_over_without_waiting_on_the_server() {
+    if common::skipped() {
+        return;
+    }
+    let tables = PrivateTables::new("signals_local");
+    let lock = client(&tables, true, SLOW).await;
+    let name = name("local");
+    for _ in 0..5 {
+        let held = lock.lock_with(&name, &long_lease()).await.unwrap();
+        let task = {
+            let (lock, name) = (lock.clone(), name.clone());
+            tokio::spawn(async move { lock.lock(&name, Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!task.is_finished(), "granted while held");
+        assert!(held.release().await.unwrap());
+        let got = tokio::time::timeout(WOKEN_WITHIN, task)
+            .await
+            .expect("handed over through the client")
+            .unwrap()
+            .unwrap();
+        assert!(got.release().await.unwrap());
+    }
+    assert_eq!(
+        lock.wait_sessions(),
+        0,
+        "waited on the server for its own lock"
+    );
+    tables.drop_all().await;
+}
