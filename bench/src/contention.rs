@@ -71,6 +71,7 @@ impl HotRecord {
             grants_max: self.grants.iter().copied().max().unwrap_or(0),
             exclusion_violations: self.violations,
             self_regrant_share: (handoffs > 0).then(|| self.self_regrants as f64 / handoffs as f64),
+            server_requests_per_grant: None,
         }
     }
 }

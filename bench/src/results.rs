@@ -225,6 +225,11 @@ pub(crate) struct HotLevel {
     /// reports from before it was measured, or without a hand-off.
     #[serde(default)]
     pub(crate) self_regrant_share: Option<f64>,
+    /// Requests the server received per grant over the scenario, by its own count
+    /// ([`Target::server_requests`](crate::targets::Target::server_requests)); `None` where it
+    /// keeps none, and in reports from before it was measured.
+    #[serde(default)]
+    pub(crate) server_requests_per_grant: Option<f64>,
 }
 
 /// Scenario 5.

@@ -213,6 +213,7 @@ mod tests {
             grants_max: 2,
             exclusion_violations: 0,
             self_regrant_share: Some(share),
+            server_requests_per_grant: None,
         }
     }
 

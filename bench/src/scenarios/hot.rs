@@ -46,7 +46,24 @@ struct ClientStats {
 
 pub(super) async fn run(target: &dyn Target, plan: &Plan, clients: usize) -> Res<HotLevel> {
     let locks = try_join_all((0..clients).map(|_| target.client())).await?;
-    contend(locks, plan).await
+    counted(target, contend(locks, plan)).await
+}
+
+/// `scenario`'s result with the server's own count of requests per grant, where it keeps one
+/// (the counts include whatever else reached the server meanwhile: renewals, sweeps, pings).
+async fn counted(
+    target: &dyn Target,
+    scenario: impl std::future::Future<Output = Res<HotLevel>>,
+) -> Res<HotLevel> {
+    let before = target.server_requests().await.ok().flatten();
+    let mut level = scenario.await?;
+    let after = target.server_requests().await.ok().flatten();
+    if let (Some(b), Some(a)) = (before, after) {
+        if level.grants > 0 && a >= b {
+            level.server_requests_per_grant = Some((a - b) as f64 / level.grants as f64);
+        }
+    }
+    Ok(level)
 }
 
 /// The same with `tasks` tasks of one process sharing one client handle, as the tasks of a
@@ -58,7 +75,7 @@ pub(super) async fn run_one_handle(
     tasks: usize,
 ) -> Res<HotLevel> {
     let lock = target.client().await?;
-    contend(vec![lock; tasks], plan).await
+    counted(target, contend(vec![lock; tasks], plan)).await
 }
 
 async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLevel> {

@@ -56,6 +56,41 @@ impl Target for EtcdTarget {
         Ok(Arc::new(EtcdLock::connect(self.config.clone()).await?))
     }
 
+    /// The gRPC request messages the first member has received (`grpc_server_msg_received_total`
+    /// of its `/metrics`, unary calls and stream messages alike).
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        let Some(endpoint) = self.config.endpoints().first() else {
+            return Ok(None);
+        };
+        let host = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        if endpoint.starts_with("https://") {
+            return Ok(None);
+        }
+        let ask = async {
+            let mut stream = tokio::net::TcpStream::connect(&host).await?;
+            let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+            tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await?;
+            let mut answer = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, ask)
+            .await
+            .map_err(|_| "no answer from /metrics")??;
+        let mut total = 0.0;
+        for line in answer.lines() {
+            if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") {
+                if let Some((_, value)) = rest.rsplit_once(' ') {
+                    total += value.trim().parse::<f64>().unwrap_or(0.0);
+                }
+            }
+        }
+        Ok(Some(total as u64))
+    }
+
     async fn floor(&self) -> Res<Box<dyn Floor>> {
         let mut client = self.raw().await?;
         let lease = client.lease_grant(FLOOR_LEASE_S, None).await?.id();

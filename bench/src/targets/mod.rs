@@ -152,6 +152,13 @@ pub(crate) trait Target: Send + Sync {
 
     fn floor_ops(&self) -> FloorOps;
 
+    /// How many requests the server (every server, for RedLock) has received so far, by its own
+    /// count: two readings around a scenario give its requests per operation, whatever the
+    /// client library does. `None` where the server keeps no such count.
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        Ok(None)
+    }
+
     /// Removes what the run left on the server beyond what releasing does, where that state
     /// would skew later runs.
     async fn cleanup(&self) -> Res<()> {

@@ -64,6 +64,28 @@ impl Target for MongoTarget {
         Ok(Arc::new(MongoLock::connect(self.config.clone()).await?))
     }
 
+    /// The sum of `serverStatus`' opcounters (every operation and command received), less the
+    /// `serverStatus` asking; `None` where the server does not keep them.
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        let lock = MongoLock::connect(self.config.clone()).await?;
+        let admin = lock.collection().client().database("admin");
+        let Ok(status) = admin.run_command(doc! { "serverStatus": 1 }).await else {
+            return Ok(None);
+        };
+        let Ok(counters) = status.get_document("opcounters") else {
+            return Ok(None);
+        };
+        let total: i64 = counters
+            .values()
+            .filter_map(|v| match v {
+                distlock_mongo::mongodb::bson::Bson::Int32(n) => Some(i64::from(*n)),
+                distlock_mongo::mongodb::bson::Bson::Int64(n) => Some(*n),
+                _ => None,
+            })
+            .sum();
+        Ok(Some(u64::try_from(total)?.saturating_sub(1)))
+    }
+
     async fn floor(&self) -> Res<Box<dyn Floor>> {
         let lock = MongoLock::connect(self.config.clone()).await?;
         Ok(Box::new(MongoFloor {

@@ -53,6 +53,15 @@ impl Target for MysqlTarget {
         Ok(Arc::new(MysqlLock::connect(self.config.clone()).await?))
     }
 
+    /// The server's `Questions` status: statements sent by clients, less the one asking.
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        let mut conn = self.config.connect_options().connect().await?;
+        let (_, value): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+            .fetch_one(&mut conn)
+            .await?;
+        Ok(Some(value.trim().parse::<u64>()?.saturating_sub(1)))
+    }
+
     async fn floor(&self) -> Res<Box<dyn Floor>> {
         let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.config.connect_options().connect())
             .await

@@ -58,6 +58,10 @@ impl Target for RedisTarget {
         Ok(Arc::new(RedisLock::connect(self.config.clone()).await?))
     }
 
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        Ok(Some(commands_processed(&self.raw_url).await?))
+    }
+
     async fn floor(&self) -> Res<Box<dyn Floor>> {
         Ok(Box::new(ScriptFloor {
             servers: vec![connect_raw(&self.raw_url).await?],
@@ -113,6 +117,14 @@ impl Target for RedlockTarget {
         Ok(Arc::new(RedLock::connect(self.config.clone()).await?))
     }
 
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        let mut total = 0;
+        for url in &self.raw_urls {
+            total += commands_processed(url).await?;
+        }
+        Ok(Some(total))
+    }
+
     async fn floor(&self) -> Res<Box<dyn Floor>> {
         let servers = try_join_all(self.raw_urls.iter().map(|u| connect_raw(u))).await?;
         Ok(Box::new(ScriptFloor {
@@ -155,6 +167,22 @@ pub(crate) fn redlock_urls(urls: &str) -> Vec<String> {
         .split(',')
         .map(|h| format!("redis://{auth}{}{path}", h.trim()))
         .collect()
+}
+
+/// The server's count of commands processed (`INFO stats`), less the `INFO` asking for it.
+async fn commands_processed(url: &str) -> Res<u64> {
+    let mut conn = connect_raw(url).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await?;
+    let n = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .ok_or("no total_commands_processed in INFO stats")?
+        .trim()
+        .parse::<u64>()?;
+    Ok(n.saturating_sub(1))
 }
 
 async fn connect_raw(url: &str) -> Res<ConnectionManager> {

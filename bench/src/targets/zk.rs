@@ -27,17 +27,9 @@ impl ZkTarget {
         ZkLock::connect(config.clone()).await?;
         Ok(Self { config })
     }
-}
 
-#[async_trait]
-impl Target for ZkTarget {
-    fn kind(&self) -> Kind {
-        Kind::Zk
-    }
-
-    /// ZooKeeper's client protocol does not carry the server version; the `srvr` four-letter
-    /// word does (scripts/services whitelists it).
-    async fn server_version(&self) -> Res<String> {
+    /// The first server's answer to the `srvr` four-letter word.
+    async fn srvr(&self) -> Res<String> {
         let host = self
             .config
             .hosts()
@@ -52,9 +44,22 @@ impl Target for ZkTarget {
             stream.read_to_string(&mut answer).await?;
             Ok::<_, std::io::Error>(answer)
         };
-        let answer = tokio::time::timeout(CONNECT_TIMEOUT, ask)
+        Ok(tokio::time::timeout(CONNECT_TIMEOUT, ask)
             .await
-            .map_err(|_| "no answer to `srvr`")??;
+            .map_err(|_| "no answer to `srvr`")??)
+    }
+}
+
+#[async_trait]
+impl Target for ZkTarget {
+    fn kind(&self) -> Kind {
+        Kind::Zk
+    }
+
+    /// ZooKeeper's client protocol does not carry the server version; the `srvr` four-letter
+    /// word does (scripts/services whitelists it).
+    async fn server_version(&self) -> Res<String> {
+        let answer = self.srvr().await?;
         let version = answer
             .lines()
             .find_map(|l| l.strip_prefix("Zookeeper version: "))
@@ -67,6 +72,18 @@ impl Target for ZkTarget {
 
     async fn client(&self) -> Res<SharedLock> {
         Ok(Arc::new(ZkLock::connect(self.config.clone()).await?))
+    }
+
+    /// The `Received:` packet count of `srvr` (requests and session pings).
+    async fn server_requests(&self) -> Res<Option<u64>> {
+        let answer = self.srvr().await?;
+        let n = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("Received: "))
+            .ok_or("no Received count in `srvr`")?
+            .trim()
+            .parse::<u64>()?;
+        Ok(Some(n))
     }
 
     async fn floor(&self) -> Res<Box<dyn Floor>> {
