@@ -9,11 +9,12 @@
 //! `scripts/services up mongo` starts as a single-node replica set), except the fallback test,
 //! which starts a private standalone server on a port of its own.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::private_server::PrivateServer;
 use distlock_conformance::given::skip_printed;
 use distlock_mongo::{
     DistributedLock, ErrorKind, LockExt, LockName, LockOptions, MongoConfig, MongoLock,
@@ -21,7 +22,6 @@ use distlock_mongo::{
 
 /// Ports of this test's private servers (fencing.rs uses 20000-20999, tls.rs 21000-21499).
 const PORTS: std::ops::Range<u16> = 21500..22000;
-const START_BOUND: Duration = Duration::from_secs(30);
 /// A backoff no polling waiter could hand over within [`PROMPT`] with: its first step is
 /// 10-20 s.
 const SLOW_BASE: Duration = Duration::from_secs(20);
@@ -282,96 +282,20 @@ async fn a_cancelled_or_timed_out_waiter_leaves_no_subscription() {
     assert!(g.release().await.unwrap());
 }
 
-/// `secantusd-rs`: `$SECANTUSD`, else the one `cargo install` (and `scripts/services up mongo`)
-/// put in Cargo's bin directory, else `secantusd-rs` on PATH.
-fn exe() -> PathBuf {
-    if let Ok(p) = std::env::var("SECANTUSD") {
-        return PathBuf::from(p);
-    }
-    let cargo_home = std::env::var("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    match cargo_home.map(|home| home.join("bin").join("secantusd-rs")) {
-        Ok(p) if p.exists() => p,
-        _ => PathBuf::from("secantusd-rs"),
-    }
-}
-
-/// A private `secantusd-rs --standalone` (no change streams), its data in a temp dir; killed
-/// when dropped.
-struct Standalone {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
+/// A private `secantusd-rs --standalone` (no change streams).
+struct Standalone(PrivateServer);
 
 impl Standalone {
     fn start() -> Self {
-        let exe = exe();
-        let port = distlock_conformance::free_ports(PORTS)
-            .next()
-            .expect("a free port in 21500-21999");
-        let dir = std::env::temp_dir().join(format!(
-            "distlock-mongo-standalone-{port}-{}-{:08x}",
-            std::process::id(),
-            distlock_conformance::unique_suffix()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let log = std::fs::File::create(dir.join("server.log")).expect("log file");
-        let log2 = log.try_clone().expect("log file");
-        let child = Command::new(&exe)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--storage-path")
-            .arg(dir.join("data"))
-            .args([
-                "--cache-size",
-                "64M",
-                "--log-file-max",
-                "16MB",
-                "--standalone",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {} ({e}): `scripts/services up mongo` (as root) installs \
-                     secantusd-rs with `cargo install`; or set SECANTUSD, or skip with \
-                     DISTLOCK_SKIP=mongo",
-                    exe.display()
-                )
-            });
-        let mut server = Self { child, port, dir };
-        let deadline = Instant::now() + START_BOUND;
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!(
-                    "secantusd-rs exited at start ({status}): {}",
-                    std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "secantusd-rs did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // A server that lost the port to another exits instead of serving: not ours.
-        std::thread::sleep(Duration::from_millis(200));
-        if let Ok(Some(status)) = server.child.try_wait() {
-            panic!("secantusd-rs exited at start ({status}); port {port} taken?");
-        }
-        server
+        Self(PrivateServer::start(
+            "standalone",
+            PORTS,
+            &["--standalone".as_ref()],
+        ))
     }
 
     fn url(&self) -> String {
-        format!("mongodb://127.0.0.1:{}/?connect_timeout=10s", self.port)
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        format!("mongodb://127.0.0.1:{}/?connect_timeout=10s", self.0.port)
     }
 }
 
