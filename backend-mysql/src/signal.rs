@@ -23,7 +23,7 @@
 //! attempt, and every wait is bounded by the holder's expiry and the 5 s re-check of
 //! [`NOTICE_RECHECK`](distlock_api::backend::wait::NOTICE_RECHECK).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -41,6 +41,12 @@ const TAKE_WAIT_S: f64 = 0.01;
 
 /// The most operations the signal task sends as one statement.
 const BATCH: usize = 64;
+
+/// How long the signal task holds a take back: a grant released sooner (an uncontended cycle,
+/// a hand-off between tasks of one client) never sends one, nor its give. A waiter that comes
+/// in that time finds the channel free and takes a backoff step (2 ms at first) before it
+/// looks again.
+const TAKE_DELAY: Duration = Duration::from_millis(2);
 
 /// The companion name of `name`'s lock in `table` of `database`: `distlock:` and 16 hex digits
 /// of a 64-bit FNV-1a hash (the server's lock names are limited to 64 characters, lock names
@@ -171,15 +177,49 @@ async fn keep(
 ) {
     let mut session: Option<MySqlConnection> = None;
     let mut taken = Taken::default();
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
+    // Takes held back for TAKE_DELAY, oldest first: a grant released by then costs nothing.
+    let mut held_back: VecDeque<(tokio::time::Instant, Op)> = VecDeque::new();
+    loop {
+        let mut batch = Vec::new();
+        let due = held_back.front().map(|(at, _)| *at);
+        tokio::select! {
+            op = rx.recv() => match op {
+                Some(op) => batch.push(op),
+                None => break,
+            },
+            () = sleep_until_some(due) => {}
+        }
         while batch.len() < BATCH {
             match rx.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
             }
         }
-        let ops = taken.plan(batch);
+        let now = tokio::time::Instant::now();
+        let mut out = Vec::new();
+        for op in batch {
+            match op {
+                Op::Take(..) => held_back.push_back((now + TAKE_DELAY, op)),
+                Op::Give(c, t) => {
+                    let its_take = held_back
+                        .iter()
+                        .position(|(_, o)| matches!(o, Op::Take(tc, tt) if *tc == c && *tt == t));
+                    match its_take {
+                        // Never sent: neither is.
+                        Some(at) => {
+                            held_back.remove(at);
+                        }
+                        None => out.push(Op::Give(c, t)),
+                    }
+                }
+            }
+        }
+        while out.len() < BATCH && held_back.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, take)) = held_back.pop_front() {
+                out.push(take);
+            }
+        }
+        let ops = taken.plan(out);
         if ops.is_empty() {
             continue;
         }
@@ -215,6 +255,14 @@ async fn keep(
                 taken.clear();
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
