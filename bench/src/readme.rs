@@ -30,11 +30,16 @@ pub(crate) fn snippet(r: &Results) -> String {
         let how = match b.blocking.as_deref() {
             Some("notify") => "notified",
             Some("poll") => "polls",
-            _ => "?",
+            Some("signal") => "signalled",
+            Some(other) => other,
+            None => "?",
         };
         let wake = b.wake.as_ref().map(|w| {
             let mut s = format!("{} ({how}", us(w.latency.p50_us));
-            if let Some(rt) = w.idle_round_trips_p50.filter(|_| how == "notified") {
+            if let Some(rt) = w
+                .idle_round_trips_p50
+                .filter(|_| matches!(how, "notified" | "signalled"))
+            {
                 let _ = write!(s, ", {rt:.1} idle round trips");
             }
             s + ")"
