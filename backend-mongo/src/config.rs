@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use distlock_api::backend::wait::Backoff;
 use distlock_api::config::ConfigUrl;
 use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
 use mongodb::options::{ConnectionString, HostInfo};
@@ -22,9 +23,6 @@ pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(2);
 /// The default longest backoff step of a polling waiter.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
-
-/// The longest backoff step accepted.
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// A database name's limit in bytes (MongoDB's own).
 const MAX_DATABASE_LEN: usize = 63;
@@ -225,11 +223,7 @@ impl MongoConfig {
         validate_collection(&self.collection)?;
         validate_namespace(&self.database, &self.collection)?;
         let (base, cap) = self.backoff;
-        if base.is_zero() || base > cap || cap > MAX_BACKOFF {
-            return Err(invalid(format!(
-                "backoff {base:?}..{cap:?} must satisfy 0 < base <= cap <= {MAX_BACKOFF:?}"
-            )));
-        }
+        Backoff::check(base, cap).map_err(|e| e.with_backend(BACKEND))?;
         self.client.validate(BACKEND)
     }
 

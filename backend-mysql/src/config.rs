@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use distlock_api::backend::wait::Backoff;
 use distlock_api::config::{ConfigUrl, HostPort};
 use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
@@ -35,7 +36,6 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
 
 const MAX_POOL_SIZE: u32 = 1_000;
 const MAX_SWEEP_BATCH: u32 = 10_000;
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// MySQL and MariaDB limit identifiers to 64 characters.
 const MAX_IDENTIFIER_LEN: usize = 64;
 
@@ -274,11 +274,7 @@ impl MysqlConfig {
             ));
         }
         let (base, cap) = self.backoff;
-        if base.is_zero() || base > cap || cap > MAX_BACKOFF {
-            return invalid(format!(
-                "backoff {base:?}..{cap:?} must satisfy 0 < base <= cap <= {MAX_BACKOFF:?}"
-            ));
-        }
+        Backoff::check(base, cap).map_err(|e| e.with_backend(crate::BACKEND))?;
         if self.host.is_empty() || self.database.is_empty() {
             return invalid("the config has no host or database".to_string());
         }

@@ -171,18 +171,22 @@ pub(crate) fn redlock_urls(urls: &str) -> Vec<String> {
 
 /// The server's count of commands processed (`INFO stats`), less the `INFO` asking for it.
 async fn commands_processed(url: &str) -> Res<u64> {
+    let n = info_field(url, "stats", "total_commands_processed").await?;
+    Ok(n.parse::<u64>()?.saturating_sub(1))
+}
+
+/// The value of `field` in the server's `INFO section`.
+async fn info_field(url: &str, section: &str, field: &str) -> Res<String> {
     let mut conn = connect_raw(url).await?;
     let info: String = redis::cmd("INFO")
-        .arg("stats")
+        .arg(section)
         .query_async(&mut conn)
         .await?;
-    let n = info
+    let value = info
         .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .ok_or("no total_commands_processed in INFO stats")?
-        .trim()
-        .parse::<u64>()?;
-    Ok(n.saturating_sub(1))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .ok_or_else(|| format!("INFO {section} has no {field}"))?;
+    Ok(value.trim().to_string())
 }
 
 async fn connect_raw(url: &str) -> Res<ConnectionManager> {
@@ -194,16 +198,8 @@ async fn connect_raw(url: &str) -> Res<ConnectionManager> {
 }
 
 async fn server_version(url: &str) -> Res<String> {
-    let mut conn = connect_raw(url).await?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await?;
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .ok_or("INFO server has no redis_version")?;
-    Ok(format!("Redis {}", version.trim()))
+    let version = info_field(url, "server", "redis_version").await?;
+    Ok(format!("Redis {version}"))
 }
 
 enum Keys {

@@ -79,6 +79,21 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The longest step a backend's config accepts.
+    pub const MAX_STEP: Duration = Duration::from_secs(60);
+
+    /// Checks a configured backoff: `InvalidArgument` unless 0 < `base` <= `cap` <=
+    /// [`MAX_STEP`](Self::MAX_STEP).
+    pub fn check(base: Duration, cap: Duration) -> crate::Result<()> {
+        if base.is_zero() || base > cap || cap > Self::MAX_STEP {
+            return Err(crate::Error::invalid(format!(
+                "backoff {base:?}..{cap:?} must satisfy 0 < base <= cap <= {:?}",
+                Self::MAX_STEP
+            )));
+        }
+        Ok(())
+    }
+
     /// Starts at `base` and doubles up to `cap`.
     pub fn new(base: Duration, cap: Duration) -> Self {
         Self {
