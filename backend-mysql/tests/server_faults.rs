@@ -792,3 +792,63 @@ async fn operation_timeout_test() {
     drop(server);
     eprintln!("operation timeout test took {} ms", ms(began.elapsed()));
 }
+
+/// A waiter of another client blocked in `GET_LOCK` on the holder's release signal when the
+/// server stops: its acquire ends at its wait bound (plus the operation timeout of the wait
+/// and of the last attempt), not hanging on the silent session; once the server resumes, the
+/// holder's release signals the next waiter, whose backoff (20 s) could not have found the
+/// lock free within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_blocked_on_a_release_signal_of_a_paused_server_ends_at_its_bound() {
+    if common::skipped() {
+        return;
+    }
+    bounded("the signal-pause test", BUDGET, async {
+        let server = PrivateMariadb::start().await;
+        let slow = Duration::from_secs(20);
+        let config = |owner| {
+            client_config(&server, owner, Duration::from_secs(30))
+                .operation_timeout(OPERATION_TIMEOUT)
+                .backoff(slow, slow)
+        };
+        let holder = connect(config("holder")).await;
+        let waiter = connect(config("waiter")).await;
+        let name = "signal-through-a-pause";
+        let long = distlock_mysql::LockOptions::new().ttl(Duration::from_secs(60));
+        let held = holder.lock_with(name, &long).await.expect("lock");
+        // The holder's companion lock is taken a moment after the grant.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let wait = Duration::from_secs(2);
+        let waiting = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.lock(name, wait).await })
+        };
+        // Blocked in GET_LOCK by now.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        server.signal("STOP");
+        let limit = wait + OPERATION_TIMEOUT * 2 + MARGIN;
+        let ended = bounded("the waiter on a paused server", limit, waiting).await;
+        let e = ended
+            .expect("task")
+            .expect_err("granted while held and paused");
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Unavailable),
+            "{e}"
+        );
+        server.signal("CONT");
+
+        let next = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.lock(name, Duration::from_secs(20)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!next.is_finished(), "granted while held");
+        assert!(held.release().await.expect("release after the pause"));
+        let got = bounded("the signalled waiter", Duration::from_millis(3500), next)
+            .await
+            .expect("task")
+            .expect("granted after the release");
+        assert!(got.release().await.expect("release"));
+    })
+    .await;
+}

@@ -268,3 +268,35 @@ async fn tasks_of_one_client_hand_over_without_waiting_on_the_server() {
     );
     tables.drop_all().await;
 }
+
+/// A guard dropped on a plain thread (no runtime there) still releases through its client's
+/// runtime, and that release signals a waiter of another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_on_a_plain_thread_signals_a_waiter_of_another_client() {
+    if common::skipped() {
+        return;
+    }
+    let tables = PrivateTables::new("signals_thread");
+    let mut raw = tables.raw().await;
+    let holder = client(&tables, true, Duration::from_millis(2)).await;
+    let waiter = client(&tables, true, SLOW).await;
+    let name = name("thread");
+    let companion = holder.signal_name(&LockName::new(&name).unwrap()).unwrap();
+    let held = holder.lock_with(&name, &long_lease()).await.unwrap();
+    companion_becomes(&mut raw, &companion, false).await;
+    let task = {
+        let (waiter, name) = (waiter.clone(), name.clone());
+        tokio::spawn(async move { waiter.lock(&name, Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!task.is_finished(), "granted while held");
+    std::thread::spawn(move || drop(held)).join().unwrap();
+    let got = tokio::time::timeout(WOKEN_WITHIN, task)
+        .await
+        .expect("the drop's release signals the waiter")
+        .unwrap()
+        .unwrap();
+    assert!(got.release().await.unwrap());
+    companion_becomes(&mut raw, &companion, true).await;
+    tables.drop_all().await;
+}
