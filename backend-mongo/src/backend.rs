@@ -28,7 +28,7 @@ use crate::BACKEND;
 /// What the MongoDB backend promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
-    .blocking(Blocking::Signal)
+    .blocking(Blocking::Poll)
     // BSON dates and `$$NOW` count milliseconds.
     .ttl(TtlSupport::new(
         LeaseKind::PerLock,
@@ -552,8 +552,12 @@ async fn release_grant(
 
 #[async_trait]
 impl DistributedLock for MongoLock {
+    /// [`CAPABILITIES`], with signalled waiting where change streams are asked for.
     fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+        match self.streams {
+            Some(_) => CAPABILITIES.blocking(Blocking::Signal),
+            None => CAPABILITIES,
+        }
     }
 
     fn core(&self) -> &ClientCore {
