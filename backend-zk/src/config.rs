@@ -34,8 +34,10 @@ const BACKEND: &str = "zk";
 /// base path where they are missing. Nodes that already exist keep the ACL they have.
 ///
 /// The default is [`NodeAcl::Creator`] when the config has digest credentials
-/// ([`ZkConfig::digest_auth`] or `user:password@` in the URL) and [`NodeAcl::Open`] otherwise;
-/// [`ZkConfig::node_acl`] (URL option `acl=open|creator`) chooses.
+/// ([`ZkConfig::digest_auth`] or `user:password@` in the URL) or SASL credentials
+/// (`ZkConfig::sasl_digest_md5`, or `user:password@` with `sasl=digest-md5`; feature `sasl`),
+/// and [`NodeAcl::Open`] otherwise; [`ZkConfig::node_acl`] (URL option `acl=open|creator`)
+/// chooses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum NodeAcl {
@@ -45,8 +47,10 @@ pub enum NodeAcl {
     /// Every permission for the identities the creating session authenticated as (the `auth`
     /// scheme, ZooKeeper's `CREATOR_ALL_ACL`), none for anyone else: only clients with the
     /// same credentials can see a lock, queue on it or delete its holder's node. The session
-    /// must have an identity (digest credentials, or one its connector or a TLS client
-    /// certificate gives); without one the server refuses the create.
+    /// must have an identity (digest or SASL credentials, or one its connector or a TLS client
+    /// certificate gives); without one the server refuses the create. A session with digest
+    /// and SASL credentials grants the nodes to both identities (`digest:user:<hash>` and
+    /// `sasl:user`).
     Creator,
 }
 
@@ -96,7 +100,10 @@ pub struct ZkConfig {
     pub(crate) connector: Option<zookeeper_client::Connector>,
     /// Digest credentials (user, password) every session authenticates with.
     pub(crate) digest: Option<(String, String)>,
-    /// The ACL chosen for created nodes; `None`: by whether there are digest credentials.
+    /// SASL DIGEST-MD5 credentials (user, password) every session authenticates with.
+    #[cfg(feature = "sasl")]
+    pub(crate) sasl: Option<(String, String)>,
+    /// The ACL chosen for created nodes; `None`: by whether there are credentials.
     pub(crate) acl: Option<NodeAcl>,
     /// TLS to every server (feature `tls`).
     #[cfg(feature = "tls")]
@@ -113,6 +120,7 @@ impl fmt::Debug for ZkConfig {
             .field("own_connector", &self.connector.is_some())
             // Never the password.
             .field("digest_user", &self.digest.as_ref().map(|(user, _)| user))
+            .field("sasl_user", &self.get_sasl_user())
             .field("node_acl", &self.get_node_acl());
         #[cfg(feature = "tls")]
         d.field("tls", &self.tls);
@@ -131,20 +139,23 @@ impl ZkConfig {
     ///
     /// The chroot is optional; it is created (as persistent nodes) if missing. `user:password`
     /// (percent-encoded where needed) are digest credentials, as
-    /// [`digest_auth`](Self::digest_auth) sets them. Options: the shared ones of
-    /// [`distlock_api::config`] (`default_ttl` is the session timeout asked for;
-    /// `session_timeout` is accepted as its older name), `base_path` (URL-escaped where
-    /// needed), `acl` (`open` or `creator`, see [`NodeAcl`]) and, with the `tls` feature,
-    /// `tls_ca` (a PEM file: TLS to every host, trusting that CA) with `tls_cert` and `tls_key`
-    /// (PEM files of a client certificate). A user without a password, an unknown option, a
-    /// bad host, port or path, and TLS options in a build without the `tls` feature are
+    /// [`digest_auth`](Self::digest_auth) sets them, or, with `sasl=digest-md5`, SASL
+    /// DIGEST-MD5 credentials, as `sasl_digest_md5` sets them (feature `sasl`). Options: the
+    /// shared ones of [`distlock_api::config`] (`default_ttl` is the session timeout asked
+    /// for; `session_timeout` is accepted as its older name), `base_path` (URL-escaped where
+    /// needed), `acl` (`open` or `creator`, see [`NodeAcl`]), `sasl` (`digest-md5`, the only
+    /// mechanism a URL can ask for) and, with the `tls` feature, `tls_ca` (a PEM file: TLS to
+    /// every host, trusting that CA) with `tls_cert` and `tls_key` (PEM files of a client
+    /// certificate). A user without a password, an unknown option, a bad host, port or path,
+    /// TLS options in a build without the `tls` feature, and `sasl` with another mechanism,
+    /// without credentials or in a build without the `sasl` feature are
     /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument).
     pub fn from_url(raw: &str) -> Result<Self> {
         let url = ConfigUrl::parse(BACKEND, raw)?;
         if !url.scheme.eq_ignore_ascii_case("zk") {
             return Err(url.invalid("not a zk:// URL"));
         }
-        let digest = match url.user {
+        let credentials = match url.user {
             None => None,
             Some(user) => {
                 let password = url.password.ok_or_else(|| {
@@ -152,7 +163,6 @@ impl ZkConfig {
                 })?;
                 let user = url.decode(user, "user name")?;
                 let password = url.decode(password, "password")?;
-                check_digest(&user, &password).map_err(|why| url.invalid(why))?;
                 Some((user, password))
             }
         };
@@ -169,7 +179,9 @@ impl ZkConfig {
                 DEFAULT_OPERATION_TIMEOUT,
             ),
             connector: None,
-            digest,
+            digest: None,
+            #[cfg(feature = "sasl")]
+            sasl: None,
             acl: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -192,6 +204,44 @@ impl ZkConfig {
                 "creator" => NodeAcl::Creator,
                 _ => return Err(query.invalid("acl", &acl, "is not open or creator")),
             });
+        }
+        // `sasl=digest-md5` makes the URL's credentials SASL ones instead of digest ones.
+        match query.take_str("sasl") {
+            None => {
+                if let Some((user, password)) = credentials {
+                    check_digest(&user, &password).map_err(|why| url.invalid(why))?;
+                    config.digest = Some((user, password));
+                }
+            }
+            Some(mechanism) => {
+                if !mechanism.eq_ignore_ascii_case("digest-md5") {
+                    return Err(query.invalid(
+                        "sasl",
+                        &mechanism,
+                        "is not a SASL mechanism a URL can ask for: only digest-md5 (for \
+                         GSSAPI, give a connector with the driver's SASL options)",
+                    ));
+                }
+                if !cfg!(feature = "sasl") {
+                    return Err(query.invalid(
+                        "sasl",
+                        &mechanism,
+                        "asks for SASL, which this build of distlock-zk lacks: enable its \
+                         `sasl` feature (or the facade's `zk-sasl`)",
+                    ));
+                }
+                let Some((user, password)) = credentials else {
+                    return Err(url.invalid(
+                        "sasl=digest-md5 needs the credentials in the URL: \
+                         zk://user:password@host/?sasl=digest-md5",
+                    ));
+                };
+                check_sasl(&user, &password).map_err(|why| url.invalid(why))?;
+                #[cfg(feature = "sasl")]
+                {
+                    config.sasl = Some((user, password));
+                }
+            }
         }
         let tls_ca = query.take_str("tls_ca");
         let tls_cert = query.take_str("tls_cert");
@@ -227,7 +277,7 @@ impl ZkConfig {
                 identity: tls_cert.zip(tls_key).map(|(c, k)| (c.into(), k.into())),
             });
         }
-        query.finish(&["base_path", "acl", "tls_ca", "tls_cert", "tls_key"])?;
+        query.finish(&["base_path", "acl", "sasl", "tls_ca", "tls_cert", "tls_key"])?;
         config.validate()?;
         Ok(config)
     }
@@ -246,11 +296,12 @@ impl ZkConfig {
     /// session, and the client opens a fresh session after one ends, so it takes the recipe
     /// for a session rather than one `Client`. The session timeout asked for is still
     /// [`default_ttl`](Self::default_ttl) (the lease of every lock), set on each session; the
-    /// config's [`digest_auth`](Self::digest_auth) credentials are added. TLS comes from the
-    /// config (`tls_ca`, feature `tls`), not from the connector: without it the hosts are
-    /// dialled in plaintext. With the connector's own `with_auth`, the nodes stay open
-    /// ([`NodeAcl::Open`]) unless [`node_acl`](Self::node_acl) asks for
-    /// [`NodeAcl::Creator`].
+    /// config's [`digest_auth`](Self::digest_auth) credentials are added, and its SASL
+    /// credentials (`sasl_digest_md5`, feature `sasl`), if any, replace the connector's SASL
+    /// options. TLS comes from the config (`tls_ca`, feature `tls`), not from the connector:
+    /// without it the hosts are dialled in plaintext. With the connector's own `with_auth` or
+    /// SASL, the nodes stay open ([`NodeAcl::Open`]) unless [`node_acl`](Self::node_acl) asks
+    /// for [`NodeAcl::Creator`].
     ///
     /// ```
     /// use distlock_zk::{zookeeper_client, ZkConfig};
@@ -288,6 +339,52 @@ impl ZkConfig {
         self
     }
 
+    /// Authenticates every session this client opens (the first and each one replacing an
+    /// expired session) with SASL, mechanism DIGEST-MD5, as `user` with `password`, and makes
+    /// [`NodeAcl::Creator`] the default ACL of the nodes it creates: they are granted to the
+    /// identity `sasl:<user>`. Feature `sasl`; in a URL, `user:password@` with
+    /// `sasl=digest-md5`. The user must be non-empty, without `"`, `\` or control
+    /// characters, the password non-empty, and neither may have a character in
+    /// U+0080..=U+00FF such as `é` (the driver and ZooKeeper's server hash those differently);
+    /// [`validate`](Self::validate) checks.
+    ///
+    /// Unlike digest credentials, the server checks these: it needs a SASL authentication
+    /// provider (`authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider`)
+    /// and a JAAS `Server` section that knows the user (see the crate docs), and a wrong user or
+    /// password makes [`ZkLock::connect`](crate::ZkLock::connect) fail with
+    /// [`ErrorKind::Backend`](crate::ErrorKind::Backend) ("SASL authentication failed"), which
+    /// retrying does not cure. Digest credentials ([`digest_auth`](Self::digest_auth)) may be
+    /// set too: the session then has both identities, and the creator ACL grants both. These
+    /// SASL options replace any a [`connector`](Self::connector) has.
+    ///
+    /// ```
+    /// use distlock_zk::{NodeAcl, ZkConfig};
+    ///
+    /// let config = ZkConfig::new("127.0.0.1:2181")?.sasl_digest_md5("app", "s3cret");
+    /// assert_eq!(config.get_node_acl(), NodeAcl::Creator);
+    /// assert_eq!(config.get_sasl_user(), Some("app"));
+    /// assert_eq!(config.get_digest_user(), None);
+    /// // The same from a URL:
+    /// let config = ZkConfig::from_url("zk://app:s3cret@127.0.0.1:2181?sasl=digest-md5")?;
+    /// assert_eq!(config.get_sasl_user(), Some("app"));
+    /// assert_eq!(config.get_digest_user(), None);
+    /// # Ok::<_, distlock_zk::Error>(())
+    /// ```
+    #[cfg(feature = "sasl")]
+    pub fn sasl_digest_md5(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.sasl = Some((user.into(), password.into()));
+        self
+    }
+
+    /// The SASL DIGEST-MD5 user every session authenticates as, if any (always `None` without
+    /// the `sasl` feature).
+    pub fn get_sasl_user(&self) -> Option<&str> {
+        #[cfg(feature = "sasl")]
+        return self.sasl.as_ref().map(|(user, _)| user.as_str());
+        #[cfg(not(feature = "sasl"))]
+        None
+    }
+
     /// Chooses the ACL of the nodes this client creates (see [`NodeAcl`] for the default).
     pub fn node_acl(mut self, acl: NodeAcl) -> Self {
         self.acl = Some(acl);
@@ -300,12 +397,17 @@ impl ZkConfig {
     }
 
     /// The ACL of the nodes this client creates: the one chosen, else
-    /// [`NodeAcl::Creator`] with digest credentials and [`NodeAcl::Open`] without.
+    /// [`NodeAcl::Creator`] with digest or SASL credentials and [`NodeAcl::Open`] without.
     pub fn get_node_acl(&self) -> NodeAcl {
-        self.acl.unwrap_or(match self.digest {
-            Some(_) => NodeAcl::Creator,
-            None => NodeAcl::Open,
+        self.acl.unwrap_or(match self.has_credentials() {
+            true => NodeAcl::Creator,
+            false => NodeAcl::Open,
         })
+    }
+
+    /// Whether the config itself authenticates sessions: digest or SASL credentials.
+    fn has_credentials(&self) -> bool {
+        self.digest.is_some() || self.get_sasl_user().is_some()
     }
 
     /// Connects to every server over TLS, trusting the CA certificates in the PEM file
@@ -380,6 +482,10 @@ impl ZkConfig {
         if let Some((user, password)) = &self.digest {
             check_digest(user, password).map_err(invalid)?;
         }
+        #[cfg(feature = "sasl")]
+        if let Some((user, password)) = &self.sasl {
+            check_sasl(user, password).map_err(invalid)?;
+        }
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
             if tls.ca.as_os_str().is_empty() {
@@ -390,12 +496,13 @@ impl ZkConfig {
             }
         }
         let has_identity =
-            self.digest.is_some() || self.connector.is_some() || self.has_client_cert();
+            self.has_credentials() || self.connector.is_some() || self.has_client_cert();
         if self.get_node_acl() == NodeAcl::Creator && !has_identity {
             return Err(invalid(
                 "acl=creator needs an identity to grant the nodes to: digest credentials \
-                 (user:password@ in the URL, or digest_auth), a connector that authenticates, \
-                 or a TLS client certificate",
+                 (user:password@ in the URL, or digest_auth), SASL credentials (with \
+                 sasl=digest-md5, or sasl_digest_md5), a connector that authenticates, or a \
+                 TLS client certificate",
             ));
         }
         let ttl = self.client.default_ttl;
@@ -449,6 +556,41 @@ fn check_digest(user: &str, password: &str) -> std::result::Result<(), String> {
     }
     if password.is_empty() {
         return Err(format!("the digest user {user:?} has an empty password"));
+    }
+    Ok(())
+}
+
+/// Checks SASL DIGEST-MD5 credentials: the driver puts the user name between double quotes in
+/// its digest response without escaping it, so `"` and `\` would break the exchange; and it
+/// hashes the credentials as UTF-8, while ZooKeeper's (Java) server hashes a string whose
+/// characters all fit in ISO-8859-1 as ISO-8859-1 (RFC 2831), so a character in
+/// U+0080..=U+00FF (`é`, `ä`) makes the digests differ: tried against ZooKeeper 3.8.0, such a
+/// user or password is always refused, while ASCII and, say, CJK ones work.
+fn check_sasl(user: &str, password: &str) -> std::result::Result<(), String> {
+    let latin1 = |c: &char| ('\u{80}'..='\u{ff}').contains(c);
+    if user.is_empty() {
+        return Err("the SASL user name is empty".into());
+    }
+    if let Some(c) = user.chars().find(|&c| c == '"' || c == '\\') {
+        return Err(format!(
+            "the SASL user name contains {c:?}, which DIGEST-MD5 cannot carry here"
+        ));
+    }
+    if user.chars().any(char::is_control) {
+        return Err("the SASL user name contains a control character".into());
+    }
+    if password.is_empty() {
+        return Err(format!("the SASL user {user:?} has an empty password"));
+    }
+    const LATIN1: &str = "a character in U+0080..=U+00FF, which the driver's DIGEST-MD5 hashes \
+                          as UTF-8 and ZooKeeper's server as ISO-8859-1: it would never \
+                          authenticate";
+    if let Some(c) = user.chars().find(latin1) {
+        return Err(format!("the SASL user name {user:?} has {c:?}, {LATIN1}"));
+    }
+    // Never the password's character: it would give part of the password away.
+    if password.chars().any(|c| latin1(&c)) {
+        return Err(format!("the SASL password of {user:?} has {LATIN1}"));
     }
     Ok(())
 }
@@ -624,6 +766,109 @@ mod tests {
             assert!(e.to_string().contains("`tls` feature"), "{e}");
         }
         assert!(!ZkConfig::from_url("zk://h").unwrap().uses_tls());
+    }
+
+    #[test]
+    fn sasl_option_is_checked_before_any_io_and_names_the_feature() {
+        for (bad, says) in [
+            ("zk://u:pw@h?sasl=gssapi", "only digest-md5"),
+            ("zk://u:pw@h?sasl=plain", "only digest-md5"),
+            ("zk://u:pw@h?sasl=", "only digest-md5"),
+            ("zk://u:pw@h?sasl", "has no value"),
+            ("zk://h?sasl=digest-md5", "needs the credentials"),
+        ] {
+            let e = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+            assert_eq!(e.backend(), Some("zk"));
+            // Without the feature the mechanism is refused first; with it, the credentials.
+            if cfg!(feature = "sasl") || says != "needs the credentials" {
+                assert!(e.to_string().contains(says), "{bad}: {e}");
+            }
+        }
+        let parsed = ZkConfig::from_url("zk://app:p%3Ass@h:2181/r?sasl=DIGEST-MD5");
+        #[cfg(feature = "sasl")]
+        {
+            let c = parsed.expect("SASL credentials with the feature");
+            assert_eq!(c.get_sasl_user(), Some("app"));
+            assert_eq!(c.sasl, Some(("app".to_string(), "p:ss".to_string())));
+            assert_eq!(c.get_digest_user(), None, "SASL instead of digest");
+            assert_eq!(c.get_node_acl(), NodeAcl::Creator);
+            let debug = format!("{c:?}");
+            assert!(!debug.contains("p:ss"), "password in Debug: {debug}");
+            assert!(debug.contains("sasl_user: Some(\"app\")"), "{debug}");
+            let open = ZkConfig::from_url("zk://app:pw@h?sasl=digest-md5&acl=open").unwrap();
+            assert_eq!(open.get_node_acl(), NodeAcl::Open);
+            // A SASL user may hold ':' (a digest user may not), but not what DIGEST-MD5's
+            // quoted user name cannot carry.
+            let colon = ZkConfig::from_url("zk://a%3Ab:pw@h?sasl=digest-md5").unwrap();
+            assert_eq!(colon.get_sasl_user(), Some("a:b"));
+            for bad in [
+                "zk://a%22b:pw@h?sasl=digest-md5",
+                "zk://a%5Cb:pw@h?sasl=digest-md5",
+                "zk://a%0Ab:pw@h?sasl=digest-md5",
+                "zk://user:@h?sasl=digest-md5",
+            ] {
+                let e = ZkConfig::from_url(bad).expect_err(bad);
+                assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+            }
+        }
+        #[cfg(not(feature = "sasl"))]
+        {
+            let e = parsed.expect_err("no SASL in this build");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains("`sasl` feature"), "{e}");
+            assert!(!e.to_string().contains("p:ss"), "password in error: {e}");
+            assert_eq!(ZkConfig::new("h").unwrap().get_sasl_user(), None);
+        }
+    }
+
+    #[cfg(feature = "sasl")]
+    #[test]
+    fn sasl_setter_validates_and_goes_with_digest_credentials() {
+        let c = ZkConfig::new("h").unwrap();
+        for (user, password) in [
+            ("", "pw"),
+            ("a\"b", "pw"),
+            ("a\\b", "pw"),
+            ("u\n", "pw"),
+            ("user", ""),
+            ("cé", "pw"),
+            ("user", "pässwort"),
+        ] {
+            let e = (c.clone().sasl_digest_md5(user, password).validate()).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                ErrorKind::InvalidArgument,
+                "{user:?}/{password:?}"
+            );
+            assert!(e.to_string().contains("SASL"), "{e}");
+        }
+        let e = (c.clone().sasl_digest_md5("user", "pässwort").validate()).unwrap_err();
+        assert!(e.to_string().contains("ISO-8859-1"), "{e}");
+        assert!(!e.to_string().contains('ä'), "part of the password in: {e}");
+        // Characters beyond ISO-8859-1 are hashed as UTF-8 on both sides, and work.
+        assert!(c
+            .clone()
+            .sasl_digest_md5("app", "日本語pw")
+            .validate()
+            .is_ok());
+        let sasl = c.clone().sasl_digest_md5("app", "pw");
+        assert!(sasl.validate().is_ok());
+        assert_eq!(sasl.get_node_acl(), NodeAcl::Creator);
+        assert_eq!(sasl.get_sasl_user(), Some("app"));
+        // Both identities on one config: allowed, each validated on its own.
+        let both = sasl.clone().digest_auth("other", "pw2");
+        assert!(both.validate().is_ok());
+        assert_eq!(both.get_digest_user(), Some("other"));
+        assert_eq!(both.get_sasl_user(), Some("app"));
+        assert_eq!(both.get_node_acl(), NodeAcl::Creator);
+        let bad_digest = sasl.digest_auth("a:b", "pw");
+        assert_eq!(
+            bad_digest.validate().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        let debug = format!("{:?}", c.sasl_digest_md5("app", "s3cret-pw"));
+        assert!(!debug.contains("s3cret-pw"), "password in Debug: {debug}");
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
     if let Some((user, password)) = &config.digest {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
+    #[cfg(feature = "sasl")]
+    if let Some((user, password)) = &config.sasl {
+        let options = zk::SaslOptions::digest_md5(user.clone(), password.clone());
+        connector = connector.with_sasl(options);
+    }
     #[cfg(feature = "tls")]
     let secure = match &config.tls {
         Some(files) => {
@@ -126,7 +131,7 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
         };
         #[cfg(not(feature = "tls"))]
         let client = connector.connect(&config.hosts).await;
-        let client = client.map_err(|e| zk_error(e, "cannot establish a session"))?;
+        let client = client.map_err(|e| session_refused(config, e))?;
         let base = config.absolute_base();
         if base != "/" {
             let persistent = zk::CreateMode::Persistent.with_acls(config.get_node_acl().acls());
@@ -169,6 +174,33 @@ pub(crate) async fn open(config: &ZkConfig, epoch: u64) -> Result<Session> {
         op_timeout: timeout.max(config.client.operation_timeout),
         client,
     })
+}
+
+/// The error of a session the client could not establish. `AuthFailed` while connecting is
+/// the server refusing the session's authentication: the SASL exchange failed (a wrong user or
+/// password, or a server without the user or without SASL), or the server requires SASL
+/// (`sessionRequireClientSASLAuth`, `enforce.auth.enabled`) of a session that has none.
+/// Retrying cannot cure either, so it stays `Backend`, with a message that says which.
+fn session_refused(config: &ZkConfig, e: zk::Error) -> Error {
+    if e != zk::Error::AuthFailed {
+        return zk_error(e, "cannot establish a session");
+    }
+    let what = match config.get_sasl_user() {
+        Some(user) => format!(
+            "SASL authentication failed: ZooKeeper at {} refused the DIGEST-MD5 credentials of \
+             user {user:?} (a wrong user name or password, or a server whose JAAS `Server` \
+             section does not know the user or that has no SASL authentication provider)",
+            config.hosts
+        ),
+        None => format!(
+            "ZooKeeper at {} refused the session: it requires an authentication the session \
+             does not have (a server with sessionRequireClientSASLAuth=true or \
+             enforce.auth.enabled=true wants SASL: give SASL credentials with \
+             sasl=digest-md5 in the URL, or sasl_digest_md5, feature `sasl`)",
+            config.hosts
+        ),
+    };
+    zk_error(e, &what)
 }
 
 /// The client a session monitor reports to.

@@ -3,7 +3,8 @@
 //! starts the shared one, but on a loopback port of its own in 24000-24099, with its data in a
 //! temp directory. Dropping it kills the server and removes the directory; a small reaper
 //! process kills it too should the test process die without dropping it (a nextest timeout).
-//! [`PrivateZk::start_tls`] adds a TLS client port (Netty connection factory, PEM keystore).
+//! [`PrivateZk::start_tls`] adds a TLS client port (Netty connection factory, PEM keystore);
+//! [`PrivateZk::start_sasl`] requires SASL DIGEST-MD5 of every client (a JAAS file of users).
 
 // Each test binary that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -23,6 +24,10 @@ const CLASSPATH: &str = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar";
 /// package) has them.
 const NETTY_JARS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar:\
                           /usr/share/java/netty-transport-native-unix-common.jar";
+/// An SLF4J binding that logs to stderr (Debian's `libslf4j-java`, which the ZooKeeper library
+/// package depends on). Without one the server logs nothing; the SASL variant has it, so a test
+/// can read what the server said about a client.
+const LOG_BINDING: &str = "/usr/share/java/slf4j-simple.jar";
 const MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 const PORTS: std::ops::Range<u16> = 24000..24100;
 /// The longest a start may take before the test fails: a JVM on a loaded 2-core machine.
@@ -34,6 +39,8 @@ pub(crate) struct PrivateZk {
     port: u16,
     /// The TLS client port and the PEM files it serves, if any.
     tls: Option<Tls>,
+    /// The JAAS file of a server started with `start_sasl`.
+    jaas: Option<PathBuf>,
     dir: PathBuf,
     server: Option<Child>,
     reaper: Option<Child>,
@@ -51,7 +58,7 @@ impl PrivateZk {
     /// Starts a fresh server and waits until it serves requests. Panics (never skips) when
     /// Java or the ZooKeeper jar is missing, saying how to install them.
     pub(crate) fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with(None, &[])
     }
 
     /// Like [`start`](Self::start), with a TLS client port too, serving the certificate of
@@ -59,10 +66,21 @@ impl PrivateZk {
     /// factory, `secureClientPort` and the `ssl.*` settings, with client certificates not
     /// asked for. The plain port stays open for the readiness check.
     pub(crate) fn start_tls(certs: &distlock_conformance::tls::TestCerts) -> Self {
-        Self::start_with(Some(certs))
+        Self::start_with(Some(certs), &[])
     }
 
-    fn start_with(certs: Option<&distlock_conformance::tls::TestCerts>) -> Self {
+    /// Like [`start`](Self::start), with SASL required of every client: the
+    /// `SASLAuthenticationProvider`, `sessionRequireClientSASLAuth=true`, and a JAAS `Server`
+    /// section (`DigestLoginModule`) that knows `users` (name, password), for DIGEST-MD5.
+    pub(crate) fn start_sasl(users: &[(&str, &str)]) -> Self {
+        assert!(!users.is_empty(), "a SASL server needs a user");
+        Self::start_with(None, users)
+    }
+
+    fn start_with(
+        certs: Option<&distlock_conformance::tls::TestCerts>,
+        sasl_users: &[(&str, &str)],
+    ) -> Self {
         check_installed();
         let dir = std::env::temp_dir().join(format!(
             "distlock-zk-private-{}-{:08x}",
@@ -81,9 +99,15 @@ impl PrivateZk {
                 ca: certs.ca(),
             }
         });
+        let jaas = (!sasl_users.is_empty()).then(|| {
+            let jaas = dir.join("jaas.conf");
+            std::fs::write(&jaas, jaas_server_section(sasl_users)).expect("write the JAAS file");
+            jaas
+        });
         let mut zk = Self {
             port: 0,
             tls,
+            jaas,
             dir,
             server: None,
             reaper: None,
@@ -217,6 +241,15 @@ impl PrivateZk {
                 ca = tls.ca.display(),
             ));
         }
+        if self.jaas.is_some() {
+            // `sessionRequireClientSASLAuth` (a system property, as unknown keys become) makes
+            // the server close, with SESSIONCLOSEDREQUIRESASLAUTH, any session that sends a
+            // request before it has authenticated with SASL.
+            config.push_str(
+                "authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider\n\
+                 sessionRequireClientSASLAuth=true\n",
+            );
+        }
         std::fs::write(self.dir.join("zoo.cfg"), config).expect("write zoo.cfg");
     }
 
@@ -235,10 +268,15 @@ impl PrivateZk {
             // A 1 MB transaction log preallocation instead of 64 MB: disk space is scarce.
             .arg("-Dzookeeper.preAllocSize=1024")
             .arg("-Dznode.container.checkIntervalMs=1000")
+            .args(
+                (self.jaas.iter())
+                    .map(|jaas| format!("-Djava.security.auth.login.config={}", jaas.display())),
+            )
             .arg("-cp")
-            .arg(match self.tls {
-                None => CLASSPATH.to_string(),
-                Some(_) => format!("{CLASSPATH}:{NETTY_JARS}"),
+            .arg(match (&self.tls, &self.jaas) {
+                (Some(_), _) => format!("{CLASSPATH}:{NETTY_JARS}"),
+                (None, Some(_)) => format!("{CLASSPATH}:{LOG_BINDING}"),
+                (None, None) => CLASSPATH.to_string(),
             })
             .arg(MAIN)
             .arg(self.dir.join("zoo.cfg"))
@@ -289,6 +327,12 @@ impl PrivateZk {
         }
     }
 
+    /// The server's output so far, for a test that checks what the server said about a client
+    /// (only a server started with `start_sasl` logs: see [`LOG_BINDING`]).
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
     fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
@@ -319,6 +363,21 @@ impl Drop for PrivateZk {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The JAAS `Server` section of a SASL server: DIGEST-MD5 users as `user_<name>="<password>"`.
+fn jaas_server_section(users: &[(&str, &str)]) -> String {
+    let mut section =
+        String::from("Server {\n    org.apache.zookeeper.server.auth.DigestLoginModule required");
+    for (user, password) in users {
+        assert!(
+            !format!("{user}{password}").contains(['"', '\\', ' ', '=', ';']),
+            "keep test users and passwords plain: {user:?}"
+        );
+        section.push_str(&format!("\n    user_{user}=\"{password}\""));
+    }
+    section.push_str(";\n};\n");
+    section
 }
 
 /// Java and the ZooKeeper jar must be installed: a missing one fails the test with how to
