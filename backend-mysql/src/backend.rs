@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use crate::config::MysqlConfig;
 use crate::conn::{Lent, Pool};
 use crate::error::{error_from, is_conflict, is_duplicate, map_error};
+use crate::hint::Hints;
 use crate::renewal::{BatchError, Renewals};
 use crate::signal::Signals;
 use crate::sql::{self, Statements};
@@ -71,6 +72,8 @@ struct Inner {
     server_version: String,
     /// Release signals for waiters of other clients, unless turned off.
     signals: Option<Signals>,
+    /// The names this client last saw held, and until when.
+    hints: Arc<Hints>,
 }
 
 /// What a release did.
@@ -144,6 +147,7 @@ impl MysqlLock {
         // Two flushers: one batch in flight while the next one gathers. More would only split
         // the renewals into more commits.
         let operation_timeout = config.get_operation_timeout();
+        let hints = Arc::new(Hints::default());
         let signals = config.get_release_signals().then(|| {
             Signals::start(
                 options.clone(),
@@ -152,6 +156,7 @@ impl MysqlLock {
                 size as usize,
                 config.get_backoff(),
                 operation_timeout,
+                hints.clone(),
             )
         });
         let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
@@ -170,6 +175,7 @@ impl MysqlLock {
             swept: AtomicU64::new(0),
             server_version,
             signals,
+            hints,
         });
         let sweeper = config
             .get_sweep_interval()
@@ -427,11 +433,25 @@ impl Inner {
         let owner_text = req.owner.text();
         let owner = owner_text.as_bytes();
         let ttl_us = micros(req.ttl);
+        // A name not known to be held: the whole fresh grant in one request. If a row is
+        // there after all, what it says is read in the request that ends the transaction.
+        let mut read_already = None;
+        if self.hints.likely_free(name) {
+            match self.grant_in_one(conn, req, ttl_us).await {
+                Ok(Ok(grant)) => return Ok(self.granted(grant, true)),
+                Ok(Err(row)) => read_already = Some(row),
+                Err(e) if is_conflict(&e) => {}
+                Err(e) => return Err(self.err("acquiring", &req.name)(e)),
+            }
+        }
         for _ in 0..MAX_ROUNDS {
-            let row = self
-                .read(conn, name)
-                .await
-                .map_err(self.err("reading the lock row", &req.name))?;
+            let row = match read_already.take() {
+                Some(row) => row,
+                None => self
+                    .read(conn, name)
+                    .await
+                    .map_err(self.err("reading the lock row", &req.name))?,
+            };
             let mut fresh = false;
             let outcome = match row {
                 Some(r) if r.remaining_us > 0 && r.owner == owner => {
@@ -439,6 +459,7 @@ impl Inner {
                 }
                 Some(r) if r.remaining_us > 0 => {
                     let left = Duration::from_micros(r.remaining_us.unsigned_abs());
+                    self.hints.held(name, left);
                     return Ok(Attempt::Held {
                         expires_in: Some(left),
                     });
@@ -449,12 +470,7 @@ impl Inner {
                 }
             };
             match outcome {
-                Ok(Some(grant)) => {
-                    if let (true, Some(signals)) = (fresh, &self.signals) {
-                        signals.granted(&grant.name, grant.token.0);
-                    }
-                    return Ok(Attempt::Granted(grant));
-                }
+                Ok(Some(grant)) => return Ok(self.granted(grant, fresh)),
                 Ok(None) => continue,
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(self.err("acquiring", &req.name)(e)),
@@ -464,19 +480,65 @@ impl Inner {
         Ok(Attempt::Held { expires_in: None })
     }
 
+    /// The bookkeeping of a grant: the release signal of a fresh one, and the name remembered
+    /// as held.
+    fn granted(&self, grant: Grant, fresh: bool) -> Attempt {
+        if let (true, Some(signals)) = (fresh, &self.signals) {
+            signals.granted(&grant.name, grant.token.0);
+        }
+        self.hints.held(grant.name.as_str().as_bytes(), grant.ttl);
+        Attempt::Granted(grant)
+    }
+
     async fn read(&self, conn: &mut MySqlConnection, name: &[u8]) -> sqlx::Result<Option<LockRow>> {
         let row = sqlx::query(AssertSqlSafe(self.sql.read.clone()))
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
-        row.map(|row| {
-            Ok(LockRow {
-                owner: row.try_get(0)?,
-                token: row.try_get(1)?,
-                remaining_us: row.try_get(2)?,
-            })
-        })
-        .transpose()
+        row.as_ref().map(lock_row).transpose()
+    }
+
+    /// A fresh grant of a name that is likely free, in one request ([`Statements::grant_in_one`]):
+    /// `Ok(Ok(grant))`, or `Ok(Err(row))` with the row that was there after all (read in the
+    /// request that rolled the transaction back, so the counter is as it was). Any other error
+    /// also rolls back (a lock wait timeout ends only the statement), so the connection goes
+    /// back without a transaction left open.
+    async fn grant_in_one(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &AcquireRequest,
+        ttl_us: u64,
+    ) -> sqlx::Result<std::result::Result<Grant, Option<LockRow>>> {
+        let name = req.name.as_str().as_bytes();
+        let owner_text = req.owner.text();
+        let sql = self.sql.grant_in_one(name, owner_text.as_bytes(), ttl_us);
+        let sent_at = Instant::now();
+        let granted = sqlx::raw_sql(AssertSqlSafe(sql))
+            .fetch_all(&mut *conn)
+            .await;
+        match granted {
+            Ok(rows) => {
+                let token: u64 = match rows.first() {
+                    Some(row) => row.try_get(0)?,
+                    None => {
+                        return Err(sqlx::Error::Protocol(
+                            "the one-request grant returned no token".into(),
+                        ))
+                    }
+                };
+                Ok(Ok(grant(req, FencingToken(token), 1, sent_at)))
+            }
+            Err(e) if is_duplicate(&e) => {
+                let rows = sqlx::raw_sql(AssertSqlSafe(self.sql.rollback_and_read(name)))
+                    .fetch_all(&mut *conn)
+                    .await?;
+                Ok(Err(rows.first().map(lock_row).transpose()?))
+            }
+            Err(e) => {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                Err(e)
+            }
+        }
     }
 
     /// A reentrant acquire: one more hold of the live grant with `token`, if it is still there.
@@ -585,6 +647,12 @@ impl Inner {
                 .unwrap_or_else(|| Err(self.timed_out("releasing", &g.name)))
         }
         .await;
+        // Unless one hold of several was let go, the next attempt on the name most likely finds
+        // it free (whatever the answer: the hint only picks which request an attempt sends
+        // first).
+        if !matches!(released, Ok(Released::OneOfSeveral)) {
+            self.hints.released(g.name.as_str().as_bytes());
+        }
         // The grant is gone unless one hold of several was let go: its signal goes too (also
         // when the answer was lost; a waiter woken in vain looks at the row and waits again).
         if let Some(signals) = &self.signals {
@@ -807,6 +875,15 @@ async fn sweep_loop(inner: Arc<Inner>, every: Duration) {
 
 /// The value the statement just run set with `LAST_INSERT_ID(expr)`: from its OK packet, or,
 /// where the packet does not carry it, from this session's own `LAST_INSERT_ID()`.
+/// A row of [`sql::READ`]'s columns.
+fn lock_row(row: &MySqlRow) -> sqlx::Result<LockRow> {
+    Ok(LockRow {
+        owner: row.try_get(0)?,
+        token: row.try_get(1)?,
+        remaining_us: row.try_get(2)?,
+    })
+}
+
 async fn last_insert_id(conn: &mut MySqlConnection, done: &MySqlQueryResult) -> sqlx::Result<u64> {
     match done.last_insert_id() {
         0 => {

@@ -6,6 +6,7 @@ mod backend;
 mod config;
 mod conn;
 mod error;
+mod hint;
 mod renewal;
 mod signal;
 mod sql;

@@ -35,6 +35,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection};
 use tokio::sync::mpsc;
 
+use crate::hint::Hints;
+
 /// How long the signal session's `GET_LOCK` waits for a companion lock that a waiter holds for
 /// the instant of its own statement.
 const TAKE_WAIT_S: f64 = 0.01;
@@ -87,6 +89,7 @@ pub(crate) struct Signals {
     database: String,
     table: String,
     backoff: (Duration, Duration),
+    hints: Arc<Hints>,
 }
 
 impl Signals {
@@ -98,6 +101,7 @@ impl Signals {
         sessions: usize,
         backoff: (Duration, Duration),
         timeout: Duration,
+        hints: Arc<Hints>,
     ) -> Self {
         let (ops, rx) = mpsc::unbounded_channel();
         tokio::spawn(keep(rx, options.clone(), timeout));
@@ -115,6 +119,7 @@ impl Signals {
             database,
             table,
             backoff,
+            hints,
         }
     }
 
@@ -153,6 +158,8 @@ impl Signals {
     pub(crate) fn notices(&self, name: &LockName) -> ReleaseNotices {
         ReleaseNotices {
             companion: self.companion(name),
+            name: name.clone(),
+            hints: self.hints.clone(),
             waits: self.waits.clone(),
             own: self.own.clone(),
             backoff: Mutex::new(Backoff::new(self.backoff.0, self.backoff.1)),
@@ -408,6 +415,9 @@ impl Drop for WaitSession {
 /// no holder keeps the channel.
 pub(crate) struct ReleaseNotices {
     companion: String,
+    /// The lock's name, forgotten as held in `hints` when its holder's release is signalled.
+    name: LockName,
+    hints: Arc<Hints>,
     waits: Arc<WaitSessions>,
     own: Arc<Mutex<HashMap<String, usize>>>,
     backoff: Mutex<Backoff>,
@@ -464,6 +474,9 @@ impl Notices for ReleaseNotices {
                 if free == Some(1) || (got == Some(0) && waited < left / 2) {
                     let step = self.step(max).saturating_sub(waited);
                     tokio::time::sleep(step).await;
+                } else if got == Some(1) {
+                    // The holder let go of the channel: its release (or its session's end).
+                    self.hints.released(self.name.as_str().as_bytes());
                 }
             }
             _ => {

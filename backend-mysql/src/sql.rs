@@ -61,6 +61,26 @@ const INSERT: &str = "INSERT INTO `{locks}` \
      (name, owner, hold_count, token, expires_at, granted_at) \
      VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))";
 
+/// A fresh grant of a name that is likely free, as one request of several statements (text
+/// protocol: the values are written into it, as hexadecimal literals and a number): the
+/// transaction of [`BUMP_FENCING`] and [`INSERT`], the new token read back in between. If a row
+/// is there, the insert fails with a duplicate-key error, the server runs nothing after it, and
+/// the transaction is left open with the counter bumped: [`ROLLBACK_AND_READ`] ends it.
+const GRANT_IN_ONE: &str = "BEGIN; \
+     INSERT INTO `{fencing}` (name, value) VALUES ({name}, LAST_INSERT_ID(1)) \
+     ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1); \
+     SELECT LAST_INSERT_ID(); \
+     INSERT INTO `{locks}` (name, owner, hold_count, token, expires_at, granted_at) \
+     VALUES ({name}, {owner}, 1, LAST_INSERT_ID(), \
+             UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND, UTC_TIMESTAMP(6)); \
+     COMMIT";
+
+/// After [`GRANT_IN_ONE`] found a row: roll back (the counter with it) and read the row as
+/// [`READ`] does, in one request.
+const ROLLBACK_AND_READ: &str = "ROLLBACK; \
+     SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+     FROM `{locks}` WHERE name = {name}";
+
 /// Inside the granting transaction: take over an expired row. Zero rows means it is live (or
 /// gone); the transaction is then rolled back.
 const TAKEOVER: &str = "UPDATE `{locks}` \
@@ -151,6 +171,8 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
+    grant_in_one: Arc<str>,
+    rollback_and_read: Arc<str>,
     /// The lock table's (validated) name, for the test-only admin.
     #[cfg(feature = "testing")]
     pub(crate) locks: Arc<str>,
@@ -186,10 +208,40 @@ impl Statements {
             clear_expired: r(CLEAR_EXPIRED),
             renew: r(RENEW),
             sweep: r(SWEEP),
+            grant_in_one: r(GRANT_IN_ONE),
+            rollback_and_read: r(ROLLBACK_AND_READ),
             #[cfg(feature = "testing")]
             locks: locks.into(),
         }
     }
+}
+
+impl Statements {
+    /// [`GRANT_IN_ONE`] for `name`, `owner` and a lease of `ttl_us` microseconds.
+    pub(crate) fn grant_in_one(&self, name: &[u8], owner: &[u8], ttl_us: u64) -> String {
+        self.grant_in_one
+            .replace("{name}", &hex_literal(name))
+            .replace("{owner}", &hex_literal(owner))
+            .replace("{ttl}", &ttl_us.to_string())
+    }
+
+    /// [`ROLLBACK_AND_READ`] for `name`.
+    pub(crate) fn rollback_and_read(&self, name: &[u8]) -> String {
+        self.rollback_and_read.replace("{name}", &hex_literal(name))
+    }
+}
+
+/// `bytes` as an SQL hexadecimal literal (`X'61'`): a binary string whatever the bytes are, so
+/// no value written into a statement can be read as SQL.
+fn hex_literal(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(3 + 2 * bytes.len());
+    out.push_str("X'");
+    for b in bytes {
+        let _ = write!(out, "{b:02X}");
+    }
+    out.push('\'');
+    out
 }
 
 #[cfg(test)]
@@ -205,6 +257,19 @@ mod tests {
         assert!(CREATE_LOCKS.contains("owner      VARBINARY(81)"));
         assert!(WIDEN_OWNER.contains("VARBINARY(81)"));
         assert!(Statements::new("l_t", "f_t").owner_width.contains("'l_t'"));
+    }
+
+    #[test]
+    fn values_written_into_the_one_request_grant_are_hex_literals() {
+        assert_eq!(hex_literal(b"a'; DROP"), "X'61273B2044524F50'");
+        let s = Statements::new("l_t", "f_t");
+        let sql = s.grant_in_one(b"n'", b"o#1", 1_500);
+        assert!(sql.contains("`f_t` (name, value) VALUES (X'6E27', LAST_INSERT_ID(1))"));
+        assert!(sql.contains("VALUES (X'6E27', X'6F2331', 1, LAST_INSERT_ID(),"));
+        assert!(sql.contains("INTERVAL 1500 MICROSECOND"));
+        assert!(!sql.contains('{'), "{sql}");
+        let read = s.rollback_and_read(b"n");
+        assert!(read.starts_with("ROLLBACK; SELECT") && read.ends_with("WHERE name = X'6E'"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A loopback TCP proxy that can cut a client off from its server, as a network partition
 //! would, without touching the server or any other client.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +18,9 @@ use tokio::sync::Notify;
 /// - [`heal`](Proxy::heal): new connections flow again. A connection that lost bytes can
 ///   never be resumed (its stream would be corrupt), so those are closed, as a stateful
 ///   firewall would drop them; the client sees them end and reconnects.
+/// - [`round_trips`](Proxy::round_trips): how many times, over all its connections, the client
+///   spoke after the server had (or first): for a request-answer protocol whose client waits
+///   for each answer, the round trips it made.
 pub struct Proxy {
     port: u16,
     flags: Arc<Flags>,
@@ -28,6 +31,7 @@ struct Flags {
     cut: AtomicBool,
     muted: AtomicBool,
     healed: Notify,
+    round_trips: AtomicU64,
 }
 
 impl Proxy {
@@ -49,6 +53,7 @@ impl Proxy {
             cut: AtomicBool::new(false),
             muted: AtomicBool::new(false),
             healed: Notify::new(),
+            round_trips: AtomicU64::new(0),
         });
         let task = {
             let flags = flags.clone();
@@ -60,8 +65,11 @@ impl Proxy {
                     let _ = (client.set_nodelay(true), server.set_nodelay(true));
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pipe(cr, sw, flags.clone(), false));
-                    tokio::spawn(pipe(sr, cw, flags.clone(), true));
+                    // Whether the server spoke since the client last did (or the client has
+                    // not spoken yet): the client's next bytes begin a round trip.
+                    let turn = Arc::new(AtomicBool::new(true));
+                    tokio::spawn(pipe(cr, sw, flags.clone(), false, turn.clone()));
+                    tokio::spawn(pipe(sr, cw, flags.clone(), true, turn));
                 }
             })
         };
@@ -88,6 +96,11 @@ impl Proxy {
         self.flags.muted.store(muted, Ordering::SeqCst);
     }
 
+    /// The round trips clients made through the proxy so far (see [`Proxy`]).
+    pub fn round_trips(&self) -> u64 {
+        self.flags.round_trips.load(Ordering::SeqCst)
+    }
+
     /// Ends a cut: connections that lost bytes are closed, new ones are forwarded.
     pub fn heal(&self) {
         self.flags.cut.store(false, Ordering::SeqCst);
@@ -104,7 +117,13 @@ impl Drop for Proxy {
 
 /// Copies `from` to `to` until a cut (or, for answers, a mute) is seen, then swallows the rest
 /// until the proxy heals, when it ends and so closes both halves.
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, flags: Arc<Flags>, answers: bool) {
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    flags: Arc<Flags>,
+    answers: bool,
+    turn: Arc<AtomicBool>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut poisoned = flags.cut.load(Ordering::SeqCst);
     loop {
@@ -121,6 +140,11 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, flags: Arc<Flags>
         };
         poisoned |=
             flags.cut.load(Ordering::SeqCst) || (answers && flags.muted.load(Ordering::SeqCst));
+        if answers {
+            turn.store(true, Ordering::SeqCst);
+        } else if turn.swap(false, Ordering::SeqCst) {
+            flags.round_trips.fetch_add(1, Ordering::SeqCst);
+        }
         if !poisoned && to.write_all(&buf[..n]).await.is_err() {
             return;
         }
