@@ -73,6 +73,7 @@ impl ZkLock {
             acl: config.get_node_acl(),
             session: RwLock::new(Arc::new(session)),
             holds: Mutex::new(HashMap::new()),
+            released: Mutex::default(),
             no_multi_read: AtomicBool::new(false),
             _stop: stop,
         });
@@ -203,11 +204,14 @@ impl DistributedLock for ZkLock {
             }
             // The hold record is gone already, so nothing else would ever delete the node: a
             // delete that fails goes on in the background (and the caller hears of the failure).
-            Step::Delete => match delete_reported(&s, &grant.key).await {
-                Deleted::Yes => Ok(true),
-                Deleted::Absent | Deleted::SessionEnded => Ok(false),
-                Deleted::Failed(e) => Err(e.with_lock(&grant.name)),
-            },
+            Step::Delete => {
+                lock(&self.inner.released).insert(&grant.key, Instant::now());
+                match delete_reported(&s, &grant.key).await {
+                    Deleted::Yes => Ok(true),
+                    Deleted::Absent | Deleted::SessionEnded => Ok(false),
+                    Deleted::Failed(e) => Err(e.with_lock(&grant.name)),
+                }
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 //! stands for the hold and how many holds it counts; and the checks a renewal makes against
 //! them before (and after) asking the server.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -25,6 +25,9 @@ pub(crate) struct Inner {
     pub(crate) acl: NodeAcl,
     pub(crate) session: RwLock<Arc<Session>>,
     pub(crate) holds: Mutex<HashMap<HoldKey, Hold>>,
+    /// The queue nodes of grants this client released lately, for its own waiters queued
+    /// right behind them (see [`Released`]).
+    pub(crate) released: Mutex<Released>,
     /// Set once the ensemble refused a multi-read (servers before 3.6): renewals then confirm
     /// each lock with its own request.
     pub(crate) no_multi_read: AtomicBool,
@@ -40,6 +43,42 @@ pub(crate) struct Hold {
     pub(crate) czxid: i64,
     pub(crate) count: u32,
     pub(crate) epoch: u64,
+}
+
+/// How many released nodes [`Released`] remembers.
+const REMEMBER_RELEASED: usize = 256;
+
+/// The queue nodes of grants this client released lately, each with the moment its delete was
+/// sent. A node that was granted was the lowest of its queue, and stays the lowest until it is
+/// deleted; the waiter queued right behind it (no node between them at its last look, and none
+/// can be added below it) is therefore first once it is gone. So a waiter of this client whose
+/// predecessor is one of these nodes takes its turn when the deletion event comes, without
+/// listing the queue again: a hand-off between tasks of one client costs the release's request
+/// alone. The session was live at the server when it took that delete, which is after the
+/// moment kept here: the grant's lease is counted from it.
+#[derive(Default)]
+pub(crate) struct Released {
+    at: HashMap<String, Instant>,
+    order: VecDeque<String>,
+}
+
+impl Released {
+    /// `path`, a granted node, is being deleted by its release, sent `at`.
+    pub(crate) fn insert(&mut self, path: &str, at: Instant) {
+        if self.order.len() >= REMEMBER_RELEASED {
+            if let Some(oldest) = self.order.pop_front() {
+                self.at.remove(&oldest);
+            }
+        }
+        if self.at.insert(path.to_string(), at).is_none() {
+            self.order.push_back(path.to_string());
+        }
+    }
+
+    /// When the release of `path` was sent, if it is one of the nodes remembered.
+    pub(crate) fn sent(&self, path: &str) -> Option<Instant> {
+        self.at.get(path).copied()
+    }
 }
 
 /// What a queue node holds: who it belongs to and how many holds it stands for, so that any

@@ -10,7 +10,7 @@ use zookeeper_client as zk;
 
 use crate::cleanup::{settle, spawn_delete, QueueNodes};
 use crate::error::in_doubt;
-use crate::holds::{Inner, NodeData};
+use crate::holds::{lock, Inner, NodeData};
 use crate::path::{self, QueueNode};
 use crate::session::{request_error, Session};
 
@@ -114,14 +114,35 @@ impl Inner {
                 Err(Some(zk::Error::NoNode)) => continue,
                 Err(e) => return Err(request_error(e, "cannot watch the predecessor", &s)),
             };
-            let timed_out = tokio::select! {
-                _ = watcher.changed() => false,
-                _ = ended.wait_for(|&ended| ended) => false,
-                _ = tokio::time::sleep_until(deadline.into()) => true,
+            let woken = tokio::select! {
+                event = watcher.changed() => Some(Some(event)),
+                _ = ended.wait_for(|&ended| ended) => Some(None),
+                _ = tokio::time::sleep_until(deadline.into()) => None,
             };
-            if timed_out {
+            let Some(event) = woken else {
                 settle(pending).await;
                 return Err(wait::timeout(deadline.saturating_duration_since(started)));
+            };
+            // The predecessor was a grant of this client, now deleted: ours is first (see
+            // `Released`), and the queue need not be listed again.
+            let released = event
+                .filter(|e| e.event_type == zk::EventType::NodeDeleted)
+                .and_then(|_| lock(&self.released).sent(&predecessor));
+            if let Some(sent) = released {
+                s.check_live()?;
+                self.register_hold(&s, req, &mine, czxid)?;
+                pending.disarm().keep_only(&mine);
+                return Ok(Some(
+                    Grant::new(
+                        req.name.clone(),
+                        req.owner.clone(),
+                        FencingToken(czxid as u64),
+                        1,
+                        s.timeout,
+                        sent,
+                    )
+                    .with_key(mine),
+                ));
             }
         }
     }
