@@ -118,6 +118,7 @@ impl EtcdLock {
             lease: LeaseCell::new(info),
             slots: Mutex::new(HashMap::new()),
             watches: Arc::default(),
+            released: Mutex::default(),
         });
         let keeper = tokio::spawn(crate::keepalive::keep_alive(Arc::downgrade(&shared)));
         Ok(Self {

@@ -3,6 +3,7 @@
 //! that runs when such an operation stops half-way, and releasing, renewing and inspecting.
 
 use std::collections::HashMap;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -35,6 +36,42 @@ pub(crate) struct Shared {
     pub(crate) slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// The watches of lock directories that this client's waiters share.
     pub(crate) watches: Arc<crate::watches::Watches>,
+    /// The entries of grants this client released lately (see [`Released`]).
+    pub(crate) released: Mutex<Released>,
+}
+
+/// How many released entries [`Released`] remembers.
+const REMEMBER_RELEASED: usize = 256;
+
+/// The entries (key and create-revision) of grants this client released lately. A granted
+/// entry was the oldest of its lock and stays the oldest until it is deleted; the waiter queued
+/// right behind it (no entry between them at its last look, and every later one is younger) is
+/// therefore the holder once it is gone. So a waiter of this client whose predecessor is one of
+/// these takes its turn at the delete event without reading the queue again: a hand-off between
+/// tasks of one client costs the release's request alone.
+#[derive(Default)]
+pub(crate) struct Released {
+    set: HashSet<(Vec<u8>, i64)>,
+    order: VecDeque<(Vec<u8>, i64)>,
+}
+
+impl Released {
+    /// The granted entry `key` with create-revision `rev` is being deleted by its release.
+    pub(crate) fn insert(&mut self, key: &[u8], rev: i64) {
+        if self.order.len() >= REMEMBER_RELEASED {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
+        if self.set.insert((key.to_vec(), rev)) {
+            self.order.push_back((key.to_vec(), rev));
+        }
+    }
+
+    /// Whether the entry `key` with create-revision `rev` is one of those remembered.
+    pub(crate) fn contains(&self, key: &[u8], rev: i64) -> bool {
+        self.set.contains(&(key.to_vec(), rev))
+    }
 }
 
 /// The local state of one entry key (one name, one owner, one lease).
@@ -298,6 +335,7 @@ impl Shared {
             return Ok(resp.succeeded());
         }
         slot.set(Holds::default());
+        lock(&self.released).insert(key.as_bytes(), held.token);
         // If the delete fails, the repair keeps trying in the background: an orphaned key of
         // a live lease would block the lock for as long as this client lives.
         let pending = Gated::armed(slot, gate, Repair::Delete);

@@ -1,6 +1,7 @@
 //! The queue: a contender's entry key under the lock's directory, the oldest entry holding the
 //! lock, and every waiter watching the delete of the entry just before its own.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -210,13 +211,21 @@ impl Shared {
     ) -> Result<Grant> {
         let known = Mutex::new(Some(first));
         let target = Mutex::new(None::<Pred>);
-        let (known, target) = (&known, &target);
+        // Set when the predecessor was a grant of this client and is gone: this entry is the
+        // oldest now (see `Released`).
+        let first_now = AtomicBool::new(false);
+        let (known, target, first_now) = (&known, &target, &first_now);
         wait::notified(
             deadline,
             move || async move {
                 let known = lock(known).take();
                 let next = match known {
                     Some(pred) => Some(pred),
+                    None if first_now.swap(false, Ordering::SeqCst)
+                        && self.lease.get(turn.lease.id).is_some() =>
+                    {
+                        None
+                    }
                     None => self.predecessor(turn).await?,
                 };
                 Ok(match next {
@@ -235,11 +244,15 @@ impl Shared {
                     // Our own entry goes with the lease: then there is nothing left to wait for.
                     let woken = async {
                         tokio::select! {
-                            _ = self.wait_delete(turn.dir, &pred) => {}
-                            _ = self.lease.gone(turn.lease.id) => {}
+                            gone = self.wait_delete(turn.dir, &pred) => gone,
+                            _ = self.lease.gone(turn.lease.id) => false,
                         }
                     };
-                    let _ = tokio::time::timeout(max, woken).await;
+                    if let Ok(true) = tokio::time::timeout(max, woken).await {
+                        if lock(&self.released).contains(&pred.key, pred.rev) {
+                            first_now.store(true, Ordering::SeqCst);
+                        }
+                    }
                 }
             },
         )
@@ -287,19 +300,19 @@ impl Shared {
         }))
     }
 
-    /// Returns when `pred` is gone, or the watch ends some other way (the caller looks at the
-    /// queue again either way).
+    /// Returns when `pred` is gone (`true`), or the watch ends some other way (`false`); the
+    /// caller looks at the queue again unless `pred` was its own client's grant.
     ///
     /// The client's shared watch of the lock's directory ([`crate::watches`]) is in place once
     /// subscribed; the predecessor is then read again, which covers a delete that happened
     /// before.
-    pub(crate) async fn wait_delete(&self, dir: &str, pred: &Pred) {
+    pub(crate) async fn wait_delete(&self, dir: &str, pred: &Pred) -> bool {
         let mut sub = match self.watches.subscribe(&self.endpoints, dir).await {
             Ok(sub) => sub,
             Err(_) => {
                 self.endpoints.failed(self.endpoints.index());
                 tokio::time::sleep(WATCH_RETRY).await;
-                return;
+                return false;
             }
         };
         let still_there = Txn::new().when([Compare::create_revision(
@@ -309,24 +322,25 @@ impl Shared {
         )]);
         match self.txn("watching the queue", still_there).await {
             Ok(resp) if resp.succeeded() => {}
-            Ok(_) => return,
+            // Gone already.
+            Ok(_) => return true,
             Err(_) => {
                 tokio::time::sleep(WATCH_RETRY).await;
-                return;
+                return false;
             }
         }
         loop {
             match sub.events.recv().await {
                 // A delete at the predecessor's key after it was created: this entry is gone.
-                Ok(Seen::Deleted { key, rev }) if key == pred.key && rev > pred.rev => return,
+                Ok(Seen::Deleted { key, rev }) if key == pred.key && rev > pred.rev => return true,
                 Ok(Seen::Deleted { .. }) => {}
                 Ok(Seen::Broken) | Err(RecvError::Closed) => {
                     self.endpoints.failed(sub.endpoint);
                     tokio::time::sleep(WATCH_RETRY).await;
-                    return;
+                    return false;
                 }
                 // Fell behind the watch: the delete may be among what was skipped.
-                Err(RecvError::Lagged(_)) => return,
+                Err(RecvError::Lagged(_)) => return false,
             }
         }
     }

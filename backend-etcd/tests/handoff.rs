@@ -212,3 +212,72 @@ async fn waiters_of_one_client_share_one_watch_that_ends_when_idle() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A hand-off between two tasks of one client: the waiter queued right behind the holder's
+/// entry takes its turn at the delete event, without reading the queue again, so from the
+/// release to the waiter's grant the client sends only the release. Counted by a loopback proxy
+/// (a round trip: the client speaks after the server did); gRPC's own frames (window updates,
+/// pings, the lease's keep-alives) may add one now and then, so the fewest of five counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_delete_event_alone() {
+    use distlock_conformance::{hosts_of, reroute, Proxy};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    if common::skip() {
+        return;
+    }
+    // One server, behind the proxy (the others of a cluster URL are left out).
+    let url = common::url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let proxied = match proxied.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (hosts, tail) = rest.split_at(end);
+            let only = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
+            let first = only.split(',').next().unwrap_or(only);
+            let user = hosts.rsplit_once('@').map(|(u, _)| format!("{u}@"));
+            format!("{scheme}://{}{first}{tail}", user.unwrap_or_default())
+        }
+        None => proxied,
+    };
+    let config = distlock_etcd::EtcdConfig::from_url(&proxied).unwrap();
+    let c = Arc::new(EtcdLock::connect(config).await.unwrap_or_else(|e| {
+        panic!("the etcd server at {url} cannot be reached: {e}\n  start it: scripts/services up")
+    }));
+    let name = common::unique("own-handoff");
+    let wait = Duration::from_secs(10);
+    let mut counts = Vec::new();
+    let mut holder = c.lock(&name, wait).await.unwrap();
+    for _ in 0..5 {
+        let held = Arc::new(AtomicBool::new(true));
+        let waiter = {
+            let (c, name, held) = (c.clone(), name.clone(), held.clone());
+            tokio::spawn(async move {
+                let g = c.lock(&name, wait).await.unwrap();
+                assert!(
+                    !held.load(Ordering::SeqCst),
+                    "granted before the release began"
+                );
+                g
+            })
+        };
+        // The waiter queues, reads its predecessor once more, then sits on the shared watch.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "the waiter must wait for the holder");
+        let before = proxy.round_trips();
+        held.store(false, Ordering::SeqCst);
+        let old = holder.token();
+        assert!(holder.release().await.unwrap(), "the holder held");
+        holder = waiter.await.unwrap();
+        counts.push(proxy.round_trips() - before);
+        assert!(holder.token() > old, "{:?} after {old:?}", holder.token());
+    }
+    holder.release().await.unwrap();
+    assert_eq!(
+        counts.iter().min(),
+        Some(&1),
+        "round trips from release to the waiter's grant, per hand-off: {counts:?}"
+    );
+}
