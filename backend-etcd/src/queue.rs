@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use distlock_api::backend::wait::{self, Attempt};
 use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, Grant, Result};
-use etcd_client::{Compare, CompareOp, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::holds::{entries, lock, put_count, range_result, Gated, Holds, Repair, Shared};
@@ -25,6 +25,28 @@ pub(crate) struct Pred {
     key: Vec<u8>,
     /// Its create-revision, which tells it apart from a later entry at the same key.
     rev: i64,
+    /// Whether it was the oldest entry of the lock when read, so the holder: every entry made
+    /// later is younger than ours, so once it is gone ours is the oldest.
+    oldest: bool,
+}
+
+impl Pred {
+    /// The entry before ours in `older` (the newest of them first), and whether it was the
+    /// oldest of the lock, given the lock's oldest entry read in the same transaction.
+    fn from_read(older: Option<&KeyValue>, oldest: Option<&KeyValue>) -> Option<Self> {
+        older.map(|kv| Pred {
+            key: kv.key().to_vec(),
+            rev: kv.create_revision(),
+            oldest: oldest.is_some_and(|o| {
+                o.key() == kv.key() && o.create_revision() == kv.create_revision()
+            }),
+        })
+    }
+}
+
+/// The read of a lock's oldest entry: its holder.
+fn oldest_entry(dir: &str) -> TxnOp {
+    TxnOp::get(dir, Some(entries(SortOrder::Ascend).with_limit(1)))
 }
 
 /// A waiting acquire: what it asked for and the entry it queued.
@@ -162,6 +184,7 @@ impl Shared {
                 .and_then([
                     put_count(key, 1, lease_id),
                     TxnOp::get(dir, Some(entries(SortOrder::Descend).with_limit(2))),
+                    oldest_entry(dir),
                 ])
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.txn("queueing", txn).await?;
@@ -176,10 +199,8 @@ impl Shared {
                             "the new lock key is not the newest entry",
                         )
                     })?;
-                let pred = kvs.get(1).map(|kv| Pred {
-                    key: kv.key().to_vec(),
-                    rev: kv.create_revision(),
-                });
+                let oldest = range_result(&resp, 2)?;
+                let pred = Pred::from_read(kvs.get(1), oldest.first());
                 return Ok((mine.create_revision(), pred));
             }
             // The key exists though no acquire, hold or cleanup of ours uses it (a request
@@ -248,8 +269,10 @@ impl Shared {
                             _ = self.lease.gone(turn.lease.id) => false,
                         }
                     };
+                    // Gone, and it held the lock (it was the oldest when read, or this client
+                    // was granted it): ours is the oldest now.
                     if let Ok(true) = tokio::time::timeout(max, woken).await {
-                        if lock(&self.released).contains(&pred.key, pred.rev) {
+                        if pred.oldest || lock(&self.released).contains(&pred.key, pred.rev) {
                             first_now.store(true, Ordering::SeqCst);
                         }
                     }
@@ -275,14 +298,17 @@ impl Shared {
         let my_rev = turn.holds.token;
         let txn = Txn::new()
             .when([Compare::create_revision(turn.key, CompareOp::Equal, my_rev)])
-            .and_then([TxnOp::get(
-                turn.dir,
-                Some(
-                    entries(SortOrder::Descend)
-                        .with_max_create_revision(my_rev - 1)
-                        .with_limit(1),
+            .and_then([
+                TxnOp::get(
+                    turn.dir,
+                    Some(
+                        entries(SortOrder::Descend)
+                            .with_max_create_revision(my_rev - 1)
+                            .with_limit(1),
+                    ),
                 ),
-            )]);
+                oldest_entry(turn.dir),
+            ]);
         let resp = self.txn("checking the queue", txn).await?;
         if !resp.succeeded() {
             if self.lease.get(turn.lease.id).is_none() {
@@ -294,10 +320,11 @@ impl Shared {
                  expired)",
             ));
         }
-        Ok(range_result(&resp, 0)?.first().map(|kv| Pred {
-            key: kv.key().to_vec(),
-            rev: kv.create_revision(),
-        }))
+        let oldest = range_result(&resp, 1)?;
+        Ok(Pred::from_read(
+            range_result(&resp, 0)?.first(),
+            oldest.first(),
+        ))
     }
 
     /// Returns when `pred` is gone (`true`), or the watch ends some other way (`false`); the

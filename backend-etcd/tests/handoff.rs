@@ -220,31 +220,17 @@ async fn waiters_of_one_client_share_one_watch_that_ends_when_idle() {
 /// pings, the lease's keep-alives) may add one now and then, so the fewest of five counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_delete_event_alone() {
-    use distlock_conformance::{hosts_of, reroute, Proxy};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     if common::skip() {
         return;
     }
-    // One server, behind the proxy (the others of a cluster URL are left out).
-    let url = common::url();
-    let first = hosts_of(&url)[0].clone();
-    let proxy = Proxy::start(first.clone()).await;
-    let proxied = reroute(&url, &[first], &[proxy.addr()]);
-    let proxied = match proxied.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find(['/', '?']).unwrap_or(rest.len());
-            let (hosts, tail) = rest.split_at(end);
-            let only = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
-            let first = only.split(',').next().unwrap_or(only);
-            let user = hosts.rsplit_once('@').map(|(u, _)| format!("{u}@"));
-            format!("{scheme}://{}{first}{tail}", user.unwrap_or_default())
-        }
-        None => proxied,
-    };
+    let (proxy, proxied) = behind_proxy().await;
     let config = distlock_etcd::EtcdConfig::from_url(&proxied).unwrap();
     let c = Arc::new(EtcdLock::connect(config).await.unwrap_or_else(|e| {
-        panic!("the etcd server at {url} cannot be reached: {e}\n  start it: scripts/services up")
+        panic!(
+            "the etcd server at {proxied} cannot be reached: {e}\n  start it: scripts/services up"
+        )
     }));
     let name = common::unique("own-handoff");
     let wait = Duration::from_secs(10);
@@ -280,4 +266,70 @@ async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_delete_event_a
         Some(&1),
         "round trips from release to the waiter's grant, per hand-off: {counts:?}"
     );
+}
+
+/// A hand-off between clients: the waiter read, in its last look at the queue, that the entry
+/// before its own was the oldest — the holder's — so when the delete event comes it takes its
+/// turn without reading the queue again. Through a counting proxy in front of the waiter only,
+/// the waiter sends nothing between the holder's release and its own grant (gRPC's own frames
+/// may add one now and then, so the fewest of five counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_right_behind_another_clients_holder_takes_over_on_the_delete_event_alone() {
+    if common::skip() {
+        return;
+    }
+    let (proxy, proxied) = behind_proxy().await;
+    let waiter_client = Arc::new(
+        EtcdLock::connect(distlock_etcd::EtcdConfig::from_url(&proxied).unwrap())
+            .await
+            .unwrap(),
+    );
+    let holder_client = client().await;
+    let name = common::unique("cross-handoff");
+    let wait = Duration::from_secs(10);
+    let mut counts = Vec::new();
+    for _ in 0..5 {
+        let holder = holder_client.lock(&name, wait).await.unwrap();
+        let waiter = {
+            let (c, name) = (waiter_client.clone(), name.clone());
+            tokio::spawn(async move { c.lock(&name, wait).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "the waiter must wait for the holder");
+        let before = proxy.round_trips();
+        let old = holder.token();
+        assert!(holder.release().await.unwrap(), "the holder held");
+        let g = waiter.await.unwrap();
+        counts.push(proxy.round_trips() - before);
+        assert!(g.token() > old, "{:?} after {old:?}", g.token());
+        g.release().await.unwrap();
+    }
+    assert_eq!(
+        counts.iter().min(),
+        Some(&0),
+        "the waiter's round trips from the release to its grant, per hand-off: {counts:?}"
+    );
+}
+
+/// A counting proxy in front of the first server of the test URL, and that URL with the proxy
+/// as its only server (the others of a cluster are left out, so every request goes through it).
+async fn behind_proxy() -> (distlock_conformance::Proxy, String) {
+    use distlock_conformance::{hosts_of, reroute, Proxy};
+    let url = common::url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let only_proxy = match proxied.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (hosts, tail) = rest.split_at(end);
+            let (user, hosts) = hosts
+                .rsplit_once('@')
+                .map_or((String::new(), hosts), |(u, h)| (format!("{u}@"), h));
+            let one = hosts.split(',').next().unwrap_or(hosts);
+            format!("{scheme}://{user}{one}{tail}")
+        }
+        None => proxied,
+    };
+    (proxy, only_proxy)
 }
