@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use distlock_api::backend::{wait, AcquireRequest};
+use distlock_api::backend::wait::{self, Armed};
+use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, Result};
 use zookeeper_client as zk;
 
@@ -80,19 +81,9 @@ impl Inner {
             }
             let position = queue.iter().position(|n| n.seq == me.seq).unwrap_or(0);
             if position == 0 {
-                self.register_hold(&s, req, &mine, czxid)?;
-                pending.disarm().keep_only(&mine);
-                return Ok(Some(
-                    Grant::new(
-                        req.name.clone(),
-                        req.owner.clone(),
-                        FencingToken(czxid as u64),
-                        1,
-                        s.timeout,
-                        sent,
-                    )
-                    .with_key(mine),
-                ));
+                return self
+                    .take_turn(&s, req, pending, mine, czxid, sent)
+                    .map(Some);
             }
             let Some(deadline) = deadline else {
                 // try-acquire: not first, so leave the queue.
@@ -106,6 +97,7 @@ impl Inner {
             // Watch only the node just ahead of ours: its deletion is our turn (or its owner
             // left the queue, and we re-check).
             let predecessor = path::join(&dir, &queue[position - 1].name);
+            let watched = Instant::now();
             let watcher = match s
                 .call_again(|| s.client.get_and_watch_data(&predecessor))
                 .await
@@ -123,28 +115,49 @@ impl Inner {
                 settle(pending).await;
                 return Err(wait::timeout(deadline.saturating_duration_since(started)));
             };
-            // The predecessor was a grant of this client, now deleted: ours is first (see
-            // `Released`), and the queue need not be listed again.
-            let released = event
-                .filter(|e| e.event_type == zk::EventType::NodeDeleted)
-                .and_then(|_| lock(&self.released).sent(&predecessor));
-            if let Some(sent) = released {
+            // The predecessor held the lock and is deleted now: ours is first, and the queue
+            // need not be listed again. It held it if it was first at our last look (nodes
+            // made since are all after ours), or if it was a grant of this client (see
+            // `Released`). The lease counts from a request the server answered after: the
+            // release's, or our watch's while that is recent (else the queue is listed).
+            let deleted = event.is_some_and(|e| e.event_type == zk::EventType::NodeDeleted);
+            let turn = deleted
+                .then(|| lock(&self.released).sent(&predecessor))
+                .flatten();
+            let turn = turn.or_else(|| {
+                (deleted && position == 1 && watched.elapsed() < s.timeout / 3).then_some(watched)
+            });
+            if let Some(sent) = turn {
                 s.check_live()?;
-                self.register_hold(&s, req, &mine, czxid)?;
-                pending.disarm().keep_only(&mine);
-                return Ok(Some(
-                    Grant::new(
-                        req.name.clone(),
-                        req.owner.clone(),
-                        FencingToken(czxid as u64),
-                        1,
-                        s.timeout,
-                        sent,
-                    )
-                    .with_key(mine),
-                ));
+                return self
+                    .take_turn(&s, req, pending, mine, czxid, sent)
+                    .map(Some);
             }
         }
+    }
+
+    /// The grant of our node `mine`, first in its queue as of `sent` (a moment the session was
+    /// live at the server after): recorded as held, and any other node of ours deleted.
+    fn take_turn(
+        &self,
+        s: &Session,
+        req: &AcquireRequest,
+        pending: Armed<QueueNodes>,
+        mine: String,
+        czxid: i64,
+        sent: Instant,
+    ) -> Result<Grant> {
+        self.register_hold(s, req, &mine, czxid)?;
+        pending.disarm().keep_only(&mine);
+        Ok(Grant::new(
+            req.name.clone(),
+            req.owner.clone(),
+            FencingToken(czxid as u64),
+            1,
+            s.timeout,
+            sent,
+        )
+        .with_key(mine))
     }
 
     /// Creates our queue node, the lock node first if it is missing. A create whose answer is

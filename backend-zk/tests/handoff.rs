@@ -1,8 +1,9 @@
-//! A hand-off between two tasks of one client: the waiter is queued right behind the holder's
-//! node, and when the holder releases, the deletion event makes it the holder without listing
-//! the queue again — the release's delete is the only request of the hand-off. Counted by a
-//! loopback proxy between the client and the server (a round trip: the client speaks after the
-//! server did). Whatever the count, the two never hold at once and the tokens increase.
+//! Hand-offs to a waiter queued right behind the holder's node: when the holder releases, the
+//! deletion event makes the waiter the holder without listing the queue again — whether the
+//! holder is a task of the same client (its node was a grant this client released) or another
+//! client (its node was first when the waiter last looked). Counted by a loopback proxy between
+//! a client and the server (a round trip: the client speaks after the server did). Whatever the
+//! count, the two never hold at once and the tokens increase.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,11 +17,8 @@ use distlock_zk::{LockExt, ZkConfig, ZkLock};
 const SESSION: Duration = Duration::from_secs(20);
 const WAIT: Duration = Duration::from_secs(10);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_deletion_event_alone() {
-    if skip_printed("zk") {
-        return;
-    }
+/// A client behind a counting proxy in front of the first server, and the proxy.
+async fn behind_proxy() -> (Arc<ZkLock>, Proxy) {
     let direct = ZkConfig::from_url(&distlock_zk::DESCRIPTOR.test_url()).unwrap();
     let upstream = direct.hosts().split(',').next().unwrap().to_string();
     let proxy = Proxy::start(upstream).await;
@@ -32,6 +30,15 @@ async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_deletion_event
             .await
             .unwrap_or_else(|e| panic!("{e}\n  start ZooKeeper: scripts/services up zookeeper")),
     );
+    (client, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_deletion_event_alone() {
+    if skip_printed("zk") {
+        return;
+    }
+    let (client, proxy) = behind_proxy().await;
     let name = unique_name("handoff");
     let mut counts = Vec::new();
     let mut holder = client.lock(&name, WAIT).await.unwrap();
@@ -66,5 +73,42 @@ async fn a_waiter_behind_its_own_clients_holder_takes_over_on_the_deletion_event
         counts.iter().min(),
         Some(&1),
         "round trips from release to the waiter's grant, per hand-off: {counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_right_behind_another_clients_holder_takes_over_on_the_deletion_event_alone() {
+    if skip_printed("zk") {
+        return;
+    }
+    let (waiting, proxy) = behind_proxy().await;
+    let direct = ZkConfig::from_url(&distlock_zk::DESCRIPTOR.test_url())
+        .unwrap()
+        .default_ttl(SESSION);
+    let holding = Arc::new(ZkLock::connect(direct).await.unwrap());
+    let name = unique_name("cross-handoff");
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let holder = holding.lock(&name, WAIT).await.unwrap();
+        let waiter = {
+            let (waiting, name) = (waiting.clone(), name.clone());
+            tokio::spawn(async move { waiting.lock(&name, WAIT).await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "the waiter must wait for the holder");
+        let before = proxy.round_trips();
+        let old = holder.token();
+        assert!(holder.release().await.unwrap(), "the holder held");
+        let g = waiter.await.unwrap();
+        counts.push(proxy.round_trips() - before);
+        assert!(g.token() > old, "{:?} after {old:?}", g.token());
+        g.release().await.unwrap();
+    }
+    // The waiter's own round trips from the release to its grant: none (listing the queue
+    // again would be one; a ping of its session may land in one hand-off now and then).
+    assert_eq!(
+        counts.iter().min(),
+        Some(&0),
+        "the waiter's round trips per hand-off: {counts:?}"
     );
 }
