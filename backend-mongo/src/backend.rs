@@ -28,7 +28,7 @@ use crate::BACKEND;
 /// What the MongoDB backend promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
-    .blocking(Blocking::Poll)
+    .blocking(Blocking::Signal)
     // BSON dates and `$$NOW` count milliseconds.
     .ttl(TtlSupport::new(
         LeaseKind::PerLock,
@@ -552,11 +552,11 @@ async fn release_grant(
 
 #[async_trait]
 impl DistributedLock for MongoLock {
-    /// [`CAPABILITIES`], with signalled waiting where change streams are asked for.
+    /// [`CAPABILITIES`], with polling only where change streams are turned off.
     fn capabilities(&self) -> Capabilities {
         match self.streams {
-            Some(_) => CAPABILITIES.blocking(Blocking::Signal),
-            None => CAPABILITIES,
+            Some(_) => CAPABILITIES,
+            None => CAPABILITIES.blocking(Blocking::Poll),
         }
     }
 

@@ -86,7 +86,7 @@ impl MongoConfig {
         client.take_from(&mut query)?;
         let backoff_base = query.take_duration(&["backoff_base"])?;
         let backoff_cap = query.take_duration(&["backoff_cap"])?;
-        let change_streams = query.take_bool("change_streams")?.unwrap_or(false);
+        let change_streams = query.take_bool("change_streams")?.unwrap_or(true);
         let base = raw.split_once('?').map_or(raw, |(b, _)| b);
         let driver_url = match query.rest() {
             Some(rest) => format!("{base}?{rest}"),
@@ -165,7 +165,7 @@ impl MongoConfig {
             ),
             given: Some(client),
             backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
-            change_streams: false,
+            change_streams: true,
         }
     }
 
@@ -193,9 +193,7 @@ impl MongoConfig {
         self
     }
 
-    /// Whether waiters are woken by a change stream on the lock collection (default `false`,
-    /// see the crate docs for why: with a stream open, the test server lost acknowledged,
-    /// journaled writes when killed, and reissued fencing tokens):
+    /// Whether waiters are woken by a change stream on the lock collection (default `true`):
     /// the client opens one when a waiter first finds a lock held, shares it among its waiters
     /// and closes it about 10 s after the last one is done. Where the server has no change
     /// streams (a standalone server) waiters poll with the [`backoff`](Self::backoff) anyway;
@@ -454,7 +452,7 @@ mod tests {
     fn backoff_and_change_streams_from_the_url() {
         let c = MongoConfig::from_url("mongodb://a/app?replicaSet=rs0").unwrap();
         assert_eq!(c.get_backoff(), (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP));
-        assert!(!c.get_change_streams(), "off unless asked for");
+        assert!(c.get_change_streams());
         let c = MongoConfig::from_url(
             "mongodb://a/app?backoff_base=20ms&backoff_cap=30s&change_streams=false&replicaSet=rs0",
         )

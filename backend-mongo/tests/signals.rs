@@ -307,8 +307,8 @@ async fn without_change_streams_the_subscription_is_refused_and_waiters_poll() {
     let server = tokio::task::block_in_place(Standalone::start);
     let url = server.url();
     let holder = connect(MongoConfig::from_url(&url).unwrap()).await;
-    // Asks for change streams; polls with the default backoff (2 ms doubling to 100 ms).
-    let waiter = connect(MongoConfig::from_url(&url).unwrap().change_streams(true)).await;
+    // Polls with the default backoff (2 ms doubling to 100 ms).
+    let waiter = connect(MongoConfig::from_url(&url).unwrap()).await;
     assert_eq!(waiter.server().replica_set, None, "a standalone topology");
     let name = unique("standalone");
     let lock_name = LockName::new(&name).unwrap();

@@ -403,7 +403,9 @@ impl Deployment {
                 cmd.arg(home.join("bin").join("secantusd-rs"))
                     .args(["--host", &m.ip, "--port", "27017", "--storage-path"])
                     .arg(&data)
-                    .args(["--cache-size", "64M"]);
+                    // Without it, SecantusDB acknowledges `j: true` writes before they reach
+                    // its journal, and a kill loses them (as `mongod` does not).
+                    .args(["--cache-size", "64M", "--sync-on-commit"]);
             }
         }
         let log = std::fs::OpenOptions::new()

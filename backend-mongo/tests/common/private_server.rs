@@ -49,7 +49,15 @@ impl PrivateServer {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--storage-path")
             .arg(dir.join("data"))
-            .args(["--cache-size", "64M", "--log-file-max", "16MB"])
+            // `j: true` honoured, as on `mongod` (SecantusDB acknowledges before its journal
+            // has the write otherwise).
+            .args([
+                "--cache-size",
+                "64M",
+                "--log-file-max",
+                "16MB",
+                "--sync-on-commit",
+            ])
             .args(args)
             .stdin(Stdio::null())
             .stdout(log)
