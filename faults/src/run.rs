@@ -117,18 +117,26 @@ async fn run_inner(
     );
     let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
     let proxied = matches!(scenario, Scenario::LostReplies | Scenario::ClientCut);
-    let run_for = match scenario {
-        Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => knobs.base,
-        Scenario::LeaseShrink | Scenario::OobDelete => knobs.base + ttl,
-        Scenario::HolderKill | Scenario::HolderPause => knobs.base + ttl * 3,
-        Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
-        Scenario::ServerPause => knobs.base + ttl * 4,
-        Scenario::ServerRestart => knobs.base + ttl * 3,
-        Scenario::ServerRestartVolatile => knobs.base + ttl * 4,
-        Scenario::LeaderKill | Scenario::FollowerKill | Scenario::MemberCut => knobs.base + ttl * 4,
-        Scenario::MemberRestart => knobs.base + ttl * 6,
-        Scenario::MastersDown(_) => knobs.base + ttl * 3,
-    };
+    // Clients connect before they loop: the first fault comes after a moment, which varies so
+    // that over the runs a fault lands at every point of the clients' cycles (a fixed moment
+    // kept hitting the same phase, and hid a server that lost its last acknowledged writes).
+    // The runs are that much longer, so the time after the fault stays the same.
+    let lead = Duration::from_millis(fastrand::u64(1500..=3000));
+    let run_for = lead - Duration::from_millis(1500)
+        + match scenario {
+            Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => knobs.base,
+            Scenario::LeaseShrink | Scenario::OobDelete => knobs.base + ttl,
+            Scenario::HolderKill | Scenario::HolderPause => knobs.base + ttl * 3,
+            Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
+            Scenario::ServerPause => knobs.base + ttl * 4,
+            Scenario::ServerRestart => knobs.base + ttl * 3,
+            Scenario::ServerRestartVolatile => knobs.base + ttl * 4,
+            Scenario::LeaderKill | Scenario::FollowerKill | Scenario::MemberCut => {
+                knobs.base + ttl * 4
+            }
+            Scenario::MemberRestart => knobs.base + ttl * 6,
+            Scenario::MastersDown(_) => knobs.base + ttl * 3,
+        };
     let (tasks, shared) = match scenario {
         Scenario::SharedHandle => (4, 4),
         _ => (3, 2),
@@ -204,9 +212,8 @@ async fn run_inner(
             deleted,
         });
     };
-    // Clients connect before they loop: give them a moment before the first fault.
     let t0 = Instant::now();
-    let first_fault = t0 + Duration::from_millis(1500);
+    let first_fault = t0 + lead;
     let pids: Vec<u32> = clients.children.iter().map(|c| c.0).collect();
     let holder = |names: &[String]| -> Option<(u32, String)> {
         let now = clock::now();
