@@ -231,6 +231,18 @@ pub(crate) fn range_result(resp: &TxnResponse, i: usize) -> Result<Vec<KeyValue>
     }
 }
 
+/// How many keys the `i`-th operation of a transaction, a range read, found in its range
+/// (all of them, whatever its limit).
+pub(crate) fn range_count(resp: &TxnResponse, i: usize) -> Result<i64> {
+    match resp.op_responses().into_iter().nth(i) {
+        Some(TxnOpResponse::Get(get)) => Ok(get.count()),
+        _ => Err(Error::new(
+            ErrorKind::Backend,
+            "etcd answered a transaction with unexpected results",
+        )),
+    }
+}
+
 impl Shared {
     /// Runs `op` on the endpoint in use, within the request timeout.
     pub(crate) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T>

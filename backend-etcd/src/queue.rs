@@ -11,7 +11,9 @@ use distlock_api::{Error, ErrorKind, Grant, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::holds::{entries, lock, put_count, range_result, Gated, Holds, Repair, Shared};
+use crate::holds::{
+    entries, lock, put_count, range_count, range_result, Gated, Holds, Repair, Shared,
+};
 use crate::keys;
 use crate::lease::LeaseInfo;
 use crate::watches::Seen;
@@ -184,7 +186,6 @@ impl Shared {
                 .and_then([
                     put_count(key, 1, lease_id),
                     TxnOp::get(dir, Some(entries(SortOrder::Descend).with_limit(2))),
-                    oldest_entry(dir),
                 ])
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.txn("queueing", txn).await?;
@@ -199,8 +200,14 @@ impl Shared {
                             "the new lock key is not the newest entry",
                         )
                     })?;
-                let oldest = range_result(&resp, 2)?;
-                let pred = Pred::from_read(kvs.get(1), oldest.first());
+                // The read counts every entry of the lock: two means the one before ours is
+                // the oldest.
+                let pred = Pred::from_read(
+                    kvs.get(1),
+                    (range_count(&resp, 1)? == 2)
+                        .then_some(kvs.get(1))
+                        .flatten(),
+                );
                 return Ok((mine.create_revision(), pred));
             }
             // The key exists though no acquire, hold or cleanup of ours uses it (a request

@@ -4,12 +4,12 @@
 //! through the handle, and its next attempt gets the lock: the release and one `findAndModify`,
 //! two requests, whatever the waiter's backoff step (a minute here).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_conformance::given::handoff_round_trips;
 use distlock_conformance::{hosts_of, reroute, Proxy};
-use distlock_mongo::{LockExt, LockOptions, MongoConfig, MongoLock};
+use distlock_mongo::{LockOptions, MongoConfig, MongoLock};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_between_tasks_of_one_client_is_the_release_and_one_attempt() {
@@ -38,34 +38,7 @@ async fn a_hand_off_between_tasks_of_one_client_is_the_release_and_one_attempt()
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(60))
         .wait(Duration::from_secs(30));
-    let mut counts = Vec::new();
-    let mut holder = client.lock_with(&name, &opts).await.unwrap();
-    for _ in 0..5 {
-        let held = Arc::new(AtomicBool::new(true));
-        let waiter = {
-            let (client, name, opts, held) =
-                (client.clone(), name.clone(), opts.clone(), held.clone());
-            tokio::spawn(async move {
-                let g = client.lock_with(&name, &opts).await.unwrap();
-                assert!(
-                    !held.load(Ordering::SeqCst),
-                    "granted before the release began"
-                );
-                g
-            })
-        };
-        // The waiter finds the lock held once, then waits for the handle's release.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!waiter.is_finished(), "the waiter must wait for the holder");
-        let before = proxy.round_trips();
-        held.store(false, Ordering::SeqCst);
-        let old = holder.token();
-        assert!(holder.release().await.unwrap(), "the holder held");
-        holder = waiter.await.unwrap();
-        counts.push(proxy.round_trips() - before);
-        assert!(holder.token() > old, "{:?} after {old:?}", holder.token());
-    }
-    holder.release().await.unwrap();
+    let counts = handoff_round_trips(&client, &client, &proxy, &name, &opts, 1, 5).await;
     // The driver's monitor may check the server in a hand-off now and then: the fewest of five
     // shows what a hand-off itself takes.
     assert_eq!(

@@ -1,10 +1,13 @@
-//! What the backends' tests of clients built from an application's own driver object share:
-//! the printed skip, and the check that two clients made differently lock the same names.
+//! What the backends' own tests share: the printed skip, the check that two clients made
+//! differently lock the same names, and hand-offs counted through a proxy.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockExt};
+use distlock_api::{DistributedLock, LockExt, LockOptions};
+
+use crate::proxy::Proxy;
 
 use crate::runner::skipped_by_env;
 
@@ -60,4 +63,65 @@ where
         "held the other way round too"
     );
     assert!(guard.release().await.unwrap(), "released");
+}
+
+/// `rounds` times: a holder takes `name` through `holding`, `depth` waiters queue behind it
+/// one after another through `waiting` (the same client as `holding` for tasks of one handle),
+/// and the lock passes down the line, each releasing as soon as it holds. Returns, per round,
+/// the round trips `proxy` counted from the release before the last waiter's grant to that
+/// grant: with `depth` 2, a hand-off to a waiter that was not right behind the holder when it
+/// queued. Checks on the way that every waiter waits, is granted only after the release before
+/// it began, and gets a larger token. `options` bounds the waiters' wait.
+pub async fn handoff_round_trips<H, W>(
+    holding: &Arc<H>,
+    waiting: &Arc<W>,
+    proxy: &Proxy,
+    name: &str,
+    options: &LockOptions,
+    depth: usize,
+    rounds: usize,
+) -> Vec<u64>
+where
+    H: DistributedLock,
+    W: DistributedLock,
+{
+    let mut counts = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let mut holder = holding.lock_with(name, options).await.unwrap();
+        let released = Arc::new(AtomicUsize::new(0));
+        let mut waiters = Vec::new();
+        for i in 0..depth {
+            let (waiting, name, options, released) = (
+                waiting.clone(),
+                name.to_string(),
+                options.clone(),
+                released.clone(),
+            );
+            waiters.push(tokio::spawn(async move {
+                let g = waiting.lock_with(&name, &options).await.unwrap();
+                let seen = released.load(Ordering::SeqCst);
+                assert!(seen > i, "waiter {i} granted after {seen} releases");
+                g
+            }));
+            // It queues (or finds the lock held), then waits.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "the waiters must wait for the holder"
+        );
+        let mut last = 0;
+        for waiter in waiters {
+            let before = proxy.round_trips();
+            released.fetch_add(1, Ordering::SeqCst);
+            let old = holder.token();
+            assert!(holder.release().await.unwrap(), "the holder held");
+            holder = waiter.await.unwrap();
+            last = proxy.round_trips() - before;
+            assert!(holder.token() > old, "{:?} after {old:?}", holder.token());
+        }
+        holder.release().await.unwrap();
+        counts.push(last);
+    }
+    counts
 }
