@@ -16,7 +16,7 @@ use crate::holds::{
 };
 use crate::keys;
 use crate::lease::LeaseInfo;
-use crate::watches::Seen;
+use crate::watches::{Seen, Subscription};
 
 /// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
 pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
@@ -133,6 +133,10 @@ impl Shared {
         };
 
         let pending = Gated::armed(slot, gate, Repair::Delete);
+        // A hot lock's directory is watched by this client already: subscribed before the
+        // queueing, the waiter sees every delete after the queue it reads, and needs no
+        // second look at its predecessor before it waits.
+        let early = deadline.and_then(|_| self.watches.subscribe_if_live(&self.endpoints, &dir));
         let (my_rev, pred) = self.enqueue(&key, &dir, lease.id).await?;
         let holds = Holds {
             count: 1,
@@ -161,7 +165,7 @@ impl Shared {
                     lease,
                     holds,
                 };
-                self.wait_turn(&turn, pred, deadline).await?
+                self.wait_turn(&turn, pred, deadline, early).await?
             }
         };
         let Gated { gate, slot, .. } = pending.disarm();
@@ -236,13 +240,16 @@ impl Shared {
         turn: &Turn<'_>,
         first: Pred,
         deadline: Instant,
+        early: Option<Subscription>,
     ) -> Result<Grant> {
         let known = Mutex::new(Some(first));
         let target = Mutex::new(None::<Pred>);
-        // Set when the predecessor was a grant of this client and is gone: this entry is the
-        // oldest now (see `Released`).
+        // Set when the predecessor held the lock and is gone: this entry is the oldest now.
         let first_now = AtomicBool::new(false);
-        let (known, target, first_now) = (&known, &target, &first_now);
+        // The subscription to the directory's deletes, kept from one wait to the next: made
+        // before the last read of the queue, it misses no delete that read did not see.
+        let subscription = Mutex::new(early);
+        let (known, target, first_now, subscription) = (&known, &target, &first_now, &subscription);
         wait::notified(
             deadline,
             move || async move {
@@ -269,16 +276,19 @@ impl Shared {
             move |max| async move {
                 let pred = lock(target).take();
                 if let Some(pred) = pred {
+                    let mut sub = lock(subscription).take();
                     // Our own entry goes with the lease: then there is nothing left to wait for.
                     let woken = async {
                         tokio::select! {
-                            gone = self.wait_delete(turn.dir, &pred) => gone,
+                            gone = self.wait_delete(turn.dir, &pred, &mut sub) => gone,
                             _ = self.lease.gone(turn.lease.id) => false,
                         }
                     };
+                    let woken = tokio::time::timeout(max, woken).await;
+                    *lock(subscription) = sub;
                     // Gone, and it held the lock (it was the oldest when read, or this client
                     // was granted it): ours is the oldest now.
-                    if let Ok(true) = tokio::time::timeout(max, woken).await {
+                    if let Ok(true) = woken {
                         if pred.oldest || lock(&self.released).contains(&pred.key, pred.rev) {
                             first_now.store(true, Ordering::SeqCst);
                         }
@@ -335,45 +345,60 @@ impl Shared {
     }
 
     /// Returns when `pred` is gone (`true`), or the watch ends some other way (`false`); the
-    /// caller looks at the queue again unless `pred` was its own client's grant.
+    /// caller looks at the queue again unless `pred` held the lock.
     ///
-    /// The client's shared watch of the lock's directory ([`crate::watches`]) is in place once
-    /// subscribed; the predecessor is then read again, which covers a delete that happened
-    /// before.
-    pub(crate) async fn wait_delete(&self, dir: &str, pred: &Pred) -> bool {
-        let mut sub = match self.watches.subscribe(&self.endpoints, dir).await {
-            Ok(sub) => sub,
-            Err(_) => {
-                self.endpoints.failed(self.endpoints.index());
-                tokio::time::sleep(WATCH_RETRY).await;
-                return false;
+    /// `sub` is the waiter's subscription to the client's shared watch of the lock's directory
+    /// ([`crate::watches`]), kept across waits. One made here misses the deletes from before
+    /// it, so the predecessor is then read again; one made before the queue was last read
+    /// (the caller's) misses nothing that read did not see.
+    pub(crate) async fn wait_delete(
+        &self,
+        dir: &str,
+        pred: &Pred,
+        sub: &mut Option<Subscription>,
+    ) -> bool {
+        let events = match sub {
+            Some(sub) => sub,
+            None => {
+                let fresh = match self.watches.subscribe(&self.endpoints, dir).await {
+                    Ok(fresh) => fresh,
+                    Err(_) => {
+                        self.endpoints.failed(self.endpoints.index());
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        return false;
+                    }
+                };
+                let fresh = sub.insert(fresh);
+                let still_there = Txn::new().when([Compare::create_revision(
+                    pred.key.clone(),
+                    CompareOp::Equal,
+                    pred.rev,
+                )]);
+                match self.txn("watching the queue", still_there).await {
+                    Ok(resp) if resp.succeeded() => {}
+                    // Gone already.
+                    Ok(_) => return true,
+                    Err(_) => {
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        return false;
+                    }
+                }
+                fresh
             }
         };
-        let still_there = Txn::new().when([Compare::create_revision(
-            pred.key.clone(),
-            CompareOp::Equal,
-            pred.rev,
-        )]);
-        match self.txn("watching the queue", still_there).await {
-            Ok(resp) if resp.succeeded() => {}
-            // Gone already.
-            Ok(_) => return true,
-            Err(_) => {
-                tokio::time::sleep(WATCH_RETRY).await;
-                return false;
-            }
-        }
         loop {
-            match sub.events.recv().await {
+            match events.events.recv().await {
                 // A delete at the predecessor's key after it was created: this entry is gone.
                 Ok(Seen::Deleted { key, rev }) if key == pred.key && rev > pred.rev => return true,
                 Ok(Seen::Deleted { .. }) => {}
                 Ok(Seen::Broken) | Err(RecvError::Closed) => {
-                    self.endpoints.failed(sub.endpoint);
+                    self.endpoints.failed(events.endpoint);
+                    *sub = None;
                     tokio::time::sleep(WATCH_RETRY).await;
                     return false;
                 }
-                // Fell behind the watch: the delete may be among what was skipped.
+                // Fell behind the watch: the delete may be among what was skipped (the caller
+                // reads the queue again, still subscribed).
                 Err(RecvError::Lagged(_)) => return false,
             }
         }

@@ -76,6 +76,30 @@ impl Watches {
             .count()
     }
 
+    /// Subscribes to the deletes under `dir` if the client has a live watch of it on the
+    /// endpoint in use, without asking the server for anything: every delete from then on
+    /// reaches the subscription, in order. `None` if there is no such watch.
+    pub(crate) fn subscribe_if_live(
+        &self,
+        endpoints: &Endpoints,
+        dir: &str,
+    ) -> Option<Subscription> {
+        let endpoint = endpoints.index();
+        let watch = self
+            .dirs()
+            .get(dir)
+            .filter(|w| w.live.load(Ordering::Acquire) && w.endpoint == endpoint)
+            .cloned()?;
+        let tx = watch.events.get()?;
+        watch.subscribed.fetch_add(1, Ordering::Relaxed);
+        let events = tx.subscribe();
+        // Ended meanwhile: its last word may have gone out before this subscription.
+        watch
+            .live
+            .load(Ordering::Acquire)
+            .then_some(Subscription { events, endpoint })
+    }
+
     /// Subscribes to the deletes under `dir` on the endpoint in use, making the watch if the
     /// client has none there. When this returns, the watch is in place on the server: every
     /// delete from then on reaches the subscription, in order.

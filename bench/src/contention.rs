@@ -72,6 +72,8 @@ impl HotRecord {
             exclusion_violations: self.violations,
             self_regrant_share: (handoffs > 0).then(|| self.self_regrants as f64 / handoffs as f64),
             server_requests_per_grant: None,
+            server_syncs: None,
+            cpu_busy: None,
         }
     }
 }

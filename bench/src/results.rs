@@ -230,6 +230,15 @@ pub(crate) struct HotLevel {
     /// keeps none, and in reports from before it was measured.
     #[serde(default)]
     pub(crate) server_requests_per_grant: Option<f64>,
+    /// The server's durable log syncs over the scenario, and how many of them were slow
+    /// ([`Target::server_syncs`](crate::targets::Target::server_syncs)); `None` where it keeps
+    /// no such histogram.
+    #[serde(default)]
+    pub(crate) server_syncs: Option<(u64, u64)>,
+    /// The share of the machine's CPU time that was busy over the scenario (clients, servers
+    /// and everything else; Linux's `/proc/stat`); `None` elsewhere.
+    #[serde(default)]
+    pub(crate) cpu_busy: Option<f64>,
 }
 
 /// Scenario 5.

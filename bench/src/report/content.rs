@@ -3,6 +3,7 @@
 use crate::format::{mib, or_dash, rate, ratio, us};
 use crate::results::{BackendResult, PausedMaster, Results, Status, Uncontended};
 use crate::svg::{self, Series};
+use crate::targets::SLOW_SYNC_MS;
 
 use super::Block;
 
@@ -283,9 +284,46 @@ fn speed_goals(r: &Results) -> Vec<String> {
         if let Some(h) = b.hot.iter().find(|h| h.clients == 8) {
             let met = h.handoff.p99_us <= GOAL_ETCD_HANDOFF_P99_US
                 && h.grants_per_sec >= GOAL_ETCD_GRANTS_PER_SEC;
+            // What the run measured of a missed goal's causes: the server's slow log syncs (a
+            // hand-off waits for the release's commit), the requests per grant, and how busy
+            // the machine's CPUs were (clients and server share them).
+            let cause = if met {
+                String::new()
+            } else {
+                let mut parts = Vec::new();
+                if let Some((syncs, slow)) = h.server_syncs.filter(|(n, _)| *n > 0) {
+                    parts.push(format!(
+                        "the server made {syncs} WAL fsyncs over this level, {slow} ({:.2}%) \
+                         slower than {SLOW_SYNC_MS} ms (its \
+                         `etcd_disk_wal_fsync_duration_seconds`), too few alone for a 1% tail \
+                         unless each hand-off waits on several",
+                        100.0 * slow as f64 / syncs as f64
+                    ));
+                }
+                if let Some(n) = h.server_requests_per_grant {
+                    parts.push(format!(
+                        "it received {n:.1} requests per grant (the queueing, the release, \
+                         and a queue read when a waiter's predecessor was not the holder)"
+                    ));
+                }
+                if let Some(busy) = h.cpu_busy {
+                    parts.push(format!(
+                        "the machine's CPUs were {:.0}% busy over the level (`/proc/stat`: \
+                         8 clients, the benchmark and the server on {} cores), so a task \
+                         woken by its event can wait for a core",
+                        100.0 * busy,
+                        std::thread::available_parallelism().map_or(0, |n| n.get())
+                    ));
+                }
+                if parts.is_empty() {
+                    String::new()
+                } else {
+                    format!(" Measured: {}.", parts.join("; "))
+                }
+            };
             items.push(format!(
                 "{} **etcd** hot lock, 8 contenders: hand-off p99 {} (goal ≤ {}), {} (goal ≥ \
-                 {}).",
+                 {}).{cause}",
                 mark(met),
                 us(h.handoff.p99_us),
                 us(GOAL_ETCD_HANDOFF_P99_US),

@@ -214,6 +214,8 @@ mod tests {
             exclusion_violations: 0,
             self_regrant_share: Some(share),
             server_requests_per_grant: None,
+            server_syncs: None,
+            cpu_busy: None,
         }
     }
 

@@ -56,12 +56,24 @@ async fn counted(
     scenario: impl std::future::Future<Output = Res<HotLevel>>,
 ) -> Res<HotLevel> {
     let before = target.server_requests().await.ok().flatten();
+    let syncs_before = target.server_syncs().await.ok().flatten();
+    let cpu_before = cpu_times();
     let mut level = scenario.await?;
+    let cpu_after = cpu_times();
     let after = target.server_requests().await.ok().flatten();
+    let syncs_after = target.server_syncs().await.ok().flatten();
+    if let (Some((busy0, all0)), Some((busy1, all1))) = (cpu_before, cpu_after) {
+        if all1 > all0 {
+            level.cpu_busy = Some((busy1 - busy0) as f64 / (all1 - all0) as f64);
+        }
+    }
     if let (Some(b), Some(a)) = (before, after) {
         if level.grants > 0 && a >= b {
             level.server_requests_per_grant = Some((a - b) as f64 / level.grants as f64);
         }
+    }
+    if let (Some((n0, slow0)), Some((n1, slow1))) = (syncs_before, syncs_after) {
+        level.server_syncs = Some((n1.saturating_sub(n0), slow1.saturating_sub(slow0)));
     }
     Ok(level)
 }
@@ -155,4 +167,19 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
 /// These mutexes guard plain values updated in one step; a poisoned one is still consistent.
 fn lock_ok<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The machine's CPU time so far, busy and in all, in clock ticks summed over its CPUs (the
+/// first line of Linux's `/proc/stat`: idle and iowait count as not busy); `None` elsewhere.
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is counted in user already).
+    let all: u64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3)? + ticks.get(4).copied().unwrap_or(0);
+    Some((all.saturating_sub(idle), all))
 }

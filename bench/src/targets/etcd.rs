@@ -14,7 +14,7 @@ use distlock_etcd::etcd_client::{
 };
 use distlock_etcd::{EtcdConfig, EtcdLock};
 
-use super::{Floor, FloorOps, Kind, Target};
+use super::{Floor, FloorOps, Kind, Target, SLOW_SYNC_MS};
 use crate::Res;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -27,6 +27,32 @@ pub(crate) struct EtcdTarget {
 }
 
 impl EtcdTarget {
+    /// The first member's `/metrics` text; `None` behind TLS.
+    async fn metrics(&self) -> Res<Option<String>> {
+        let Some(endpoint) = self.config.endpoints().first() else {
+            return Ok(None);
+        };
+        if endpoint.starts_with("https://") {
+            return Ok(None);
+        }
+        let host = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let ask = async {
+            let mut stream = tokio::net::TcpStream::connect(&host).await?;
+            let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+            tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await?;
+            let mut answer = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, ask)
+            .await
+            .map_err(|_| "no answer from /metrics")??;
+        Ok(Some(answer))
+    }
+
     pub(crate) async fn open(url: &str) -> Res<Self> {
         let config = EtcdConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
         EtcdLock::connect(config.clone()).await?.close().await?;
@@ -59,29 +85,11 @@ impl Target for EtcdTarget {
     /// The gRPC request messages the first member has received (`grpc_server_msg_received_total`
     /// of its `/metrics`, unary calls and stream messages alike).
     async fn server_requests(&self) -> Res<Option<u64>> {
-        let Some(endpoint) = self.config.endpoints().first() else {
+        let Some(metrics) = self.metrics().await? else {
             return Ok(None);
         };
-        let host = endpoint
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_string();
-        if endpoint.starts_with("https://") {
-            return Ok(None);
-        }
-        let ask = async {
-            let mut stream = tokio::net::TcpStream::connect(&host).await?;
-            let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
-            tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await?;
-            let mut answer = String::new();
-            tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await?;
-            Ok::<_, std::io::Error>(answer)
-        };
-        let answer = tokio::time::timeout(CONNECT_TIMEOUT, ask)
-            .await
-            .map_err(|_| "no answer from /metrics")??;
         let mut total = 0.0;
-        for line in answer.lines() {
+        for line in metrics.lines() {
             if let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") {
                 if let Some((_, value)) = rest.rsplit_once(' ') {
                     total += value.trim().parse::<f64>().unwrap_or(0.0);
@@ -89,6 +97,31 @@ impl Target for EtcdTarget {
             }
         }
         Ok(Some(total as u64))
+    }
+
+    /// The first member's WAL fsyncs, and those over [`SLOW_SYNC_MS`] (its
+    /// `etcd_disk_wal_fsync_duration_seconds` histogram, whose buckets double from 1 ms).
+    async fn server_syncs(&self) -> Res<Option<(u64, u64)>> {
+        let Some(metrics) = self.metrics().await? else {
+            return Ok(None);
+        };
+        let value = |prefix: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        let bucket = format!(
+            "etcd_disk_wal_fsync_duration_seconds_bucket{{le=\"{}\"}} ",
+            SLOW_SYNC_MS as f64 / 1000.0
+        );
+        match (
+            value("etcd_disk_wal_fsync_duration_seconds_count "),
+            value(&bucket),
+        ) {
+            (Some(count), Some(fast)) => Ok(Some((count as u64, (count - fast).max(0.0) as u64))),
+            _ => Ok(None),
+        }
     }
 
     async fn floor(&self) -> Res<Box<dyn Floor>> {

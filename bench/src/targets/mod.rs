@@ -131,6 +131,9 @@ pub(crate) trait Floor: Send {
     async fn cycle(&mut self, name: &str) -> Res<()>;
 }
 
+/// A server log sync slower than this, in ms, is counted as slow ([`Target::server_syncs`]).
+pub(crate) const SLOW_SYNC_MS: u64 = 4;
+
 /// One backend, connected.
 #[async_trait]
 pub(crate) trait Target: Send + Sync {
@@ -156,6 +159,13 @@ pub(crate) trait Target: Send + Sync {
     /// count: two readings around a scenario give its requests per operation, whatever the
     /// client library does. `None` where the server keeps no such count.
     async fn server_requests(&self) -> Res<Option<u64>> {
+        Ok(None)
+    }
+
+    /// How many durable log syncs the server has made so far, and how many of them took longer
+    /// than [`SLOW_SYNC_MS`], by its own histogram (etcd's WAL fsyncs); `None` where it keeps
+    /// none.
+    async fn server_syncs(&self) -> Res<Option<(u64, u64)>> {
         Ok(None)
     }
 
