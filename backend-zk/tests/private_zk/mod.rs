@@ -44,6 +44,23 @@ pub(crate) struct PrivateZk {
     dir: PathBuf,
     server: Option<Child>,
     reaper: Option<Child>,
+    /// The ports claimed for the server's whole life, restarts included (see [`claim`]).
+    _claims: Vec<std::fs::File>,
+}
+
+/// Claims `port` against the private servers of the other test processes, which check the
+/// same lock file before they take a free port: a server that is down for a restart leaves its
+/// port free to bind but claimed. The OS lets go of the lock when the process ends.
+fn claim(port: u16) -> Option<std::fs::File> {
+    let path = std::env::temp_dir().join(format!("distlock-zk-private-port-{port}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()?;
+    file.try_lock().ok()?;
+    Some(file)
 }
 
 /// A TLS client port: its number, the server's key and certificate chain in one PEM file
@@ -111,16 +128,24 @@ impl PrivateZk {
             dir,
             server: None,
             reaper: None,
+            _claims: Vec::new(),
         };
         // Another test may take the port between our bind check and the server's bind: then our
         // server exits and the next free port is tried.
         let mut tried = Vec::new();
         for port in distlock_conformance::free_ports(PORTS) {
+            let Some(claimed) = claim(port) else {
+                continue;
+            };
+            zk._claims = vec![claimed];
             zk.port = port;
             if let Some(tls) = &mut zk.tls {
-                tls.port = distlock_conformance::free_ports(PORTS)
-                    .find(|&p| p != port)
+                let (tls_port, claimed) = distlock_conformance::free_ports(PORTS)
+                    .filter(|&p| p != port)
+                    .find_map(|p| claim(p).map(|c| (p, c)))
                     .expect("a second free port for TLS");
+                tls.port = tls_port;
+                zk._claims.push(claimed);
             }
             zk.write_config();
             match zk.spawn() {
