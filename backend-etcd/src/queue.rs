@@ -33,15 +33,12 @@ pub(crate) struct Pred {
 }
 
 impl Pred {
-    /// The entry before ours in `older` (the newest of them first), and whether it was the
-    /// oldest of the lock, given the lock's oldest entry read in the same transaction.
-    fn from_read(older: Option<&KeyValue>, oldest: Option<&KeyValue>) -> Option<Self> {
+    /// The entry before ours, `older`, and whether it was the oldest of the lock when read.
+    fn from_read(older: Option<&KeyValue>, oldest: bool) -> Option<Self> {
         older.map(|kv| Pred {
             key: kv.key().to_vec(),
             rev: kv.create_revision(),
-            oldest: oldest.is_some_and(|o| {
-                o.key() == kv.key() && o.create_revision() == kv.create_revision()
-            }),
+            oldest,
         })
     }
 }
@@ -206,12 +203,7 @@ impl Shared {
                     })?;
                 // The read counts every entry of the lock: two means the one before ours is
                 // the oldest.
-                let pred = Pred::from_read(
-                    kvs.get(1),
-                    (range_count(&resp, 1)? == 2)
-                        .then_some(kvs.get(1))
-                        .flatten(),
-                );
+                let pred = Pred::from_read(kvs.get(1), range_count(&resp, 1)? == 2);
                 return Ok((mine.create_revision(), pred));
             }
             // The key exists though no acquire, hold or cleanup of ours uses it (a request
@@ -337,10 +329,16 @@ impl Shared {
                  expired)",
             ));
         }
+        let older = range_result(&resp, 0)?;
         let oldest = range_result(&resp, 1)?;
+        let is_oldest = |kv: &KeyValue| {
+            oldest
+                .first()
+                .is_some_and(|o| o.key() == kv.key() && o.create_revision() == kv.create_revision())
+        };
         Ok(Pred::from_read(
-            range_result(&resp, 0)?.first(),
-            oldest.first(),
+            older.first(),
+            older.first().is_some_and(is_oldest),
         ))
     }
 
