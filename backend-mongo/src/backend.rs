@@ -5,7 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -550,6 +550,75 @@ async fn release_grant(
     Ok(false)
 }
 
+/// Hands the lock from `from` to `to` (see [`commands::hand_over_pipeline`]): one
+/// `findAndModify` of the lock document, filtered on `from` holding it live, that passes a last
+/// hold on with a fresh token or gives up one hold of several. A grant that no longer holds
+/// matches nothing; its expired grant is then tidied up as [`release_grant`] tidies it (a
+/// second request, as in a release that finds its grant gone).
+async fn hand_over_grant(
+    locks: &Collection<Document>,
+    timeout: Duration,
+    from: &Grant,
+    to: &AcquireRequest,
+) -> Result<HandOver> {
+    let owner_text = from.owner.text();
+    let (name, owner) = (from.name.as_str(), &*owner_text);
+    let Ok(token) = i64::try_from(from.token.0) else {
+        return Ok(HandOver::Released(false));
+    };
+    let ttl_ms = ttl_millis(to.ttl);
+    let sent_at = Instant::now();
+    let after = bounded(
+        timeout,
+        "hand-over failed",
+        locks
+            .find_one_and_update(
+                commands::held_by(name, owner, token),
+                commands::hand_over_pipeline(&to.owner.text(), ttl_ms),
+            )
+            .return_document(ReturnDocument::After)
+            .projection(commands::grant_projection())
+            .into_future(),
+    )
+    .await
+    .map_err(|e| e.error)?;
+    if let Some(doc) = after {
+        let state = State::read(&doc)?;
+        // The token moves only when the lock was passed on.
+        if state.token == from.token.0 {
+            return Ok(HandOver::Released(true));
+        }
+        if state.owner.as_deref() != Some(&*to.owner.text()) || state.count != 1 {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "the hand-over's answer shows neither the old grant nor the new one",
+            )
+            .with_backend(BACKEND));
+        }
+        return Ok(HandOver::Handed(Grant::new(
+            to.name.clone(),
+            to.owner.clone(),
+            FencingToken(state.token),
+            1,
+            Duration::from_millis(ttl_ms as u64),
+            sent_at,
+        )));
+    }
+    bounded(
+        timeout,
+        "hand-over failed",
+        locks
+            .update_one(
+                commands::expired_grant(name, owner, token),
+                commands::free(),
+            )
+            .into_future(),
+    )
+    .await
+    .map_err(|e| e.error)?;
+    Ok(HandOver::Released(false))
+}
+
 #[async_trait]
 impl DistributedLock for MongoLock {
     /// [`CAPABILITIES`], with polling only where change streams are turned off.
@@ -599,6 +668,22 @@ impl DistributedLock for MongoLock {
         release_grant(&self.locks, self.operation_timeout, grant)
             .await
             .map_err(|e| e.with_lock(&grant.name))
+    }
+
+    /// A release through this handle passes the lock straight to a waiting task of the same
+    /// handle: one `findAndModify` instead of a release and the waiter's next attempt.
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    /// One `findAndModify` ([`commands::hand_over_pipeline`]) when `from` still holds the lock,
+    /// whether its last hold passes on or one of several is given up; a `from` that no longer
+    /// holds costs the tidy-up a release would send too. The owner never becomes `null`, so
+    /// the change stream tells other clients' waiters nothing: the lock never came free.
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        hand_over_grant(&self.locks, self.operation_timeout, from, to)
+            .await
+            .map_err(|e| e.with_lock(&from.name))
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

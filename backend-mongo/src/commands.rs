@@ -173,6 +173,28 @@ pub(crate) fn release_pipeline() -> Vec<Document> {
     ]
 }
 
+/// Hand-over (applied with the [`held_by`] filter of the releasing grant, so only to a lock
+/// it holds live): its last hold passes to `to` with the next token from the counter, hold
+/// count 1 and a lease of `ttl_ms` from the server's now, as a fresh grant would; a grant with
+/// several holds gives up one, as by [`release_pipeline`], and keeps the lock. Decided and
+/// written by the server in one step on the one document. `owner` is never set to `null`
+/// here: the lock never comes free, so the change streams' filter (which passes the events
+/// that can free a lock) lets none of it through to other clients' waiters.
+pub(crate) fn hand_over_pipeline(to: &str, ttl_ms: i64) -> Vec<Document> {
+    let last = doc! { "$eq": ["$count", 1_i64] };
+    vec![
+        doc! { "$set": { "_dl_last": last } },
+        doc! { "$set": {
+            OWNER: { "$cond": [ "$_dl_last", to, "$owner" ] },
+            COUNT: { "$cond": [ "$_dl_last", 1_i64, { "$subtract": ["$count", 1_i64] } ] },
+            TOKEN: { "$cond": [ "$_dl_last", { "$add": ["$token", 1_i64] }, "$token" ] },
+            EXPIRES_AT: { "$cond": [ "$_dl_last", lease_end(ttl_ms), "$expires_at" ] },
+            GRANTED_AT: { "$cond": [ "$_dl_last", "$$NOW", "$granted_at" ] },
+        } },
+        doc! { "$unset": ["_dl_last"] },
+    ]
+}
+
 /// The filter of a tidy-up after a release that found its grant expired: the same grant,
 /// still recorded but past its lease, which nobody has taken over.
 pub(crate) fn expired_grant(name: &str, owner: &str, token: i64) -> Document {
@@ -204,5 +226,6 @@ mod tests {
         // An upsert's filter may not use $expr (mongod rejects it): the pipeline decides.
         assert!(!by_name("x").contains_key("$expr"));
         assert_eq!(acquire_pipeline("me", 5).len(), 3);
+        assert_eq!(hand_over_pipeline("you", 5).len(), 3);
     }
 }

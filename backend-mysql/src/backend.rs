@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -288,6 +288,22 @@ impl DistributedLock for MysqlLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.inner.release(grant).await
+    }
+
+    /// A release through this handle passes the lock straight to a waiting task of the same
+    /// handle: one request ([`hand_over`](Self::hand_over)) instead of a release and the
+    /// waiter's next attempt.
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    /// One request, one transaction (see the `HAND_OVER` statement in `sql.rs`): the counter
+    /// bumped as for a fresh grant and the row passed to `to.owner` if `from` holds it live
+    /// with its last hold; one hold taken away if it has several; nothing changed if it holds
+    /// none. The name stays held throughout, so other clients' waiters are not told anything
+    /// (see [`Inner::hand_over`] for the release signal).
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        self.inner.hand_over(from, to).await
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
@@ -661,6 +677,123 @@ impl Inner {
             }
         }
         released.map(|r| r != Released::NotHeld)
+    }
+
+    /// A hand-over within the operation timeout, on a connection of the releasing pool, and its
+    /// bookkeeping.
+    ///
+    /// The release signal: a hand-over does not free the name, so the companion lock that the
+    /// signal session took for `from` is not let go (that would wake waiters of other clients
+    /// as if the lock were free, only for them to find it held again). It is moved to the new
+    /// grant instead, with no request: the companion lock is the session's, keyed here by
+    /// token, and the new grant's release lets it go as any grant's would. The client's count
+    /// of its own holds of the name is unchanged (one grant ended, one began), so its waiters
+    /// keep waiting through the handle. A hand-over that only gave up one hold of several
+    /// changes nothing here, like such a release; one that found `from` gone, or whose outcome
+    /// is unknown, is bookkept like a release that did (the core then settles the rest with a
+    /// release of `from` and a give-back of `to`, which let go of whatever is left).
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        let done = async {
+            let mut conn = self.lend(&self.holders, &from.name).await?;
+            let outcome = tokio::time::timeout(
+                self.operation_timeout,
+                self.hand_over_on(&mut conn, from, to),
+            )
+            .await;
+            conn.finish(outcome)
+                .unwrap_or_else(|| Err(self.timed_out("handing over", &from.name)))
+        }
+        .await;
+        let name = from.name.as_str().as_bytes();
+        match &done {
+            Ok(Ok(g)) => {
+                self.hints.held(name, g.ttl);
+                if let Some(signals) = &self.signals {
+                    signals.handed(&from.name, from.token.0, g.token.0);
+                }
+            }
+            Ok(Err(Released::OneOfSeveral)) => {}
+            Ok(Err(Released::Last | Released::NotHeld)) | Err(_) => {
+                self.hints.released(name);
+                if let Some(signals) = &self.signals {
+                    signals.released(&from.name, from.token.0);
+                }
+            }
+        }
+        Ok(match done? {
+            Ok(g) => HandOver::Handed(g),
+            Err(released) => HandOver::Released(released != Released::NotHeld),
+        })
+    }
+
+    /// The hand-over's request, sent again (after rolling back) while it lost a race to another
+    /// change of the row; after [`MAX_ROUNDS`] of them, a plain release. The last hold of a
+    /// grant that still holds the lock costs exactly one request, and so do the other outcomes
+    /// unless a race intervenes. `Ok(grant)` when handed over, else what the release did.
+    async fn hand_over_on(
+        &self,
+        conn: &mut MySqlConnection,
+        from: &Grant,
+        to: &AcquireRequest,
+    ) -> Result<std::result::Result<Grant, Released>> {
+        let from_owner = from.owner.text();
+        let to_owner = to.owner.text();
+        let sql = self.sql.hand_over(
+            from.name.as_str().as_bytes(),
+            from_owner.as_bytes(),
+            from.token.0,
+            to_owner.as_bytes(),
+            micros(to.ttl),
+        );
+        let fail = || self.err("handing over", &from.name);
+        for _ in 0..MAX_ROUNDS {
+            let sent_at = Instant::now();
+            let answer = sqlx::raw_sql(AssertSqlSafe(sql.clone()))
+                .fetch_all(&mut *conn)
+                .await;
+            let rows = match answer {
+                Ok(rows) => rows,
+                // The guard (a token taken, the row not passed on) or a lock conflict: the
+                // server ran nothing after it, and the transaction may still be open with the
+                // counter bumped. Rolled back (so no token is burned), then tried again.
+                Err(e) if is_duplicate(&e) || is_conflict(&e) => {
+                    sqlx::raw_sql("ROLLBACK")
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(fail())?;
+                    continue;
+                }
+                Err(e) => {
+                    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                    return Err(fail()(e));
+                }
+            };
+            let read = |row: &MySqlRow| -> sqlx::Result<(u64, i64, Option<i64>)> {
+                Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+            };
+            let (token, one_of_several, live) = match rows.first() {
+                Some(row) => read(row).map_err(fail())?,
+                None => {
+                    return Err(fail()(sqlx::Error::Protocol(
+                        "the hand-over returned no outcome".into(),
+                    )))
+                }
+            };
+            if token > 0 {
+                return Ok(Ok(grant(to, FencingToken(token), 1, sent_at)));
+            }
+            if one_of_several == 1 {
+                return Ok(Err(Released::OneOfSeveral));
+            }
+            if live != Some(1) {
+                return Ok(Err(Released::NotHeld));
+            }
+            // Still held live by `from`, yet neither passed on nor one hold given up: its hold
+            // count moved across 1 between the statements. Try again.
+        }
+        // Kept losing races (or the name's counter row is gone, so no token can be taken):
+        // release as a release would.
+        self.release_on(conn, from).await.map(Err)
     }
 
     async fn release_on(&self, conn: &mut MySqlConnection, g: &Grant) -> Result<Released> {

@@ -5,7 +5,9 @@
 //! two requests instead of one when the row turns out to be there. So a name is remembered as
 //! held when an attempt finds it held or this client is granted it, until the lease it saw
 //! ends, and forgotten when this client releases it or a release signal of another client's
-//! holder arrives: the moments after which the next attempt most likely finds it free.
+//! holder arrives: the moments after which the next attempt most likely finds it free. A
+//! hand-over to another task of this client is not such a moment: the name stays held, now by
+//! the new grant, and is remembered as held until that grant's lease ends (or it is released).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

@@ -15,6 +15,9 @@
 //!   (`SELECT IS_FREE_LOCK(c), GET_LOCK(c, t), RELEASE_LOCK(c)`): it never holds the channel
 //!   after the statement, so the next holder can take it. A release by the holder, or the end
 //!   of the holder's signal session (a crashed process, a cut connection), wakes it.
+//! - A hand-over to a task of the same client ([`Signals::handed`]) keeps the lock held, so it
+//!   keeps the companion lock too: it passes from the old grant to the new one in the signal
+//!   task's books, with no statement, and waiters of other clients sleep on.
 //! - Where the companion lock was free (a holder that keeps no channel: an older client, one
 //!   with signals off, or one whose take has not landed yet), the waiter falls back to its
 //!   backoff step, so it never waits on a channel nobody holds.
@@ -44,8 +47,8 @@ const TAKE_WAIT_S: f64 = 0.01;
 /// The most operations the signal task sends as one statement.
 const BATCH: usize = 64;
 
-/// How long the signal task holds a take back: a grant released sooner (an uncontended cycle,
-/// a hand-off between tasks of one client) never sends one, nor its give. A waiter that comes
+/// How long the signal task holds a take back: a grant released sooner (an uncontended cycle)
+/// never sends one, nor its give; a grant handed over sooner passes the held-back take on. A waiter that comes
 /// in that time finds the channel free and takes a backoff step (2 ms at first) before it
 /// looks again.
 const TAKE_DELAY: Duration = Duration::from_millis(2);
@@ -77,10 +80,22 @@ pub(crate) enum Op {
     Give(String, u64),
 }
 
+/// What the client queues for its signal task, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Queued {
+    /// An operation on the companion lock.
+    Op(Op),
+    /// The grant of the companion name with the first token was handed over to the grant with
+    /// the second: the companion lock (taken, or held back) now belongs to the new grant. The
+    /// lock stays held, so nothing is sent: letting go and taking again would wake waiters of
+    /// other clients for a lock that never came free.
+    Moved(String, u64, u64),
+}
+
 /// A client's release signals: the queue to its signal task, and the sessions its waiters
 /// wait on.
 pub(crate) struct Signals {
-    ops: mpsc::UnboundedSender<Op>,
+    ops: mpsc::UnboundedSender<Queued>,
     waits: Arc<WaitSessions>,
     /// The companion names of the grants this client holds, with how many: a waiter of this
     /// client for one of them is woken by the client's own release (lock-api's same-handle
@@ -136,7 +151,7 @@ impl Signals {
     pub(crate) fn granted(&self, name: &LockName, token: u64) {
         let companion = self.companion(name);
         *self.own().entry(companion.clone()).or_default() += 1;
-        let _ = self.ops.send(Op::Take(companion, token));
+        let _ = self.ops.send(Queued::Op(Op::Take(companion, token)));
     }
 
     /// The grant of `name` with `token` is released or gone: its companion lock is let go.
@@ -151,7 +166,14 @@ impl Signals {
                 }
             }
         }
-        let _ = self.ops.send(Op::Give(companion, token));
+        let _ = self.ops.send(Queued::Op(Op::Give(companion, token)));
+    }
+
+    /// The grant of `name` with `from` was handed over to a grant of this client with `to`:
+    /// its companion lock goes with it. This client's count of its own grants of the name is
+    /// unchanged (one ended, one began).
+    pub(crate) fn handed(&self, name: &LockName, from: u64, to: u64) {
+        let _ = self.ops.send(Queued::Moved(self.companion(name), from, to));
     }
 
     /// Notices for a waiter of `name`.
@@ -178,7 +200,7 @@ impl Signals {
 /// fails is closed, which lets go of everything it held (the server ends a closed session's
 /// locks); waiters then wake and look at the rows.
 async fn keep(
-    mut rx: mpsc::UnboundedReceiver<Op>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
     options: MySqlConnectOptions,
     timeout: Duration,
 ) {
@@ -204,10 +226,11 @@ async fn keep(
         }
         let now = tokio::time::Instant::now();
         let mut out = Vec::new();
-        for op in batch {
-            match op {
-                Op::Take(..) => held_back.push_back((now + TAKE_DELAY, op)),
-                Op::Give(c, t) => {
+        for queued in batch {
+            match queued {
+                Queued::Moved(c, from, to) => move_take(&mut held_back, &mut taken, &c, from, to),
+                Queued::Op(op @ Op::Take(..)) => held_back.push_back((now + TAKE_DELAY, op)),
+                Queued::Op(Op::Give(c, t)) => {
                     let its_take = held_back
                         .iter()
                         .position(|(_, o)| matches!(o, Op::Take(tc, tt) if *tc == c && *tt == t));
@@ -262,6 +285,26 @@ async fn keep(
                 taken.clear();
             }
         }
+    }
+}
+
+/// Passes the companion lock `c` of the grant with token `from` to the grant with token `to`:
+/// its take if still held back (sent when it was due, as before), else the lock the session
+/// took for it, if it did. Every earlier operation is settled by now: the signal task handles
+/// them in order, and awaits each statement's answer before the next batch.
+fn move_take(
+    held_back: &mut VecDeque<(tokio::time::Instant, Op)>,
+    taken: &mut Taken,
+    c: &str,
+    from: u64,
+    to: u64,
+) {
+    let take = held_back
+        .iter_mut()
+        .find(|(_, o)| matches!(o, Op::Take(tc, tt) if tc == c && *tt == from));
+    match take {
+        Some((_, Op::Take(_, token))) => *token = to,
+        _ => taken.rekey(c, from, to),
     }
 }
 
@@ -327,6 +370,13 @@ impl Taken {
                     self.0.remove(&(c.clone(), *t));
                 }
             }
+        }
+    }
+
+    /// The companion lock `c` taken for the grant with `from` now stands for the grant with `to`.
+    fn rekey(&mut self, c: &str, from: u64, to: u64) {
+        if self.0.remove(&(c.to_string(), from)).is_some() {
+            self.0.insert((c.to_string(), to), ());
         }
     }
 
@@ -543,6 +593,19 @@ mod tests {
             taken.plan(vec![take("c", 1), give("c", 1), take("c", 2)]),
             vec![take("c", 2)]
         );
+        // A hand-over moves a taken lock to the new grant, whose give then lets go of it; the
+        // old grant's give sends nothing.
+        taken.0.insert(("d".into(), 1), ());
+        taken.rekey("d", 1, 2);
+        assert_eq!(taken.plan(vec![give("d", 1)]), vec![]);
+        assert_eq!(taken.plan(vec![give("d", 2)]), vec![give("d", 2)]);
+        // A take still held back is moved too: sent for the new grant when due.
+        let mut held_back = VecDeque::from([(tokio::time::Instant::now(), take("e", 1))]);
+        move_take(&mut held_back, &mut taken, "e", 1, 5);
+        assert_eq!(held_back[0].1, take("e", 5));
+        // A move of something neither taken nor held back changes nothing.
+        move_take(&mut held_back, &mut taken, "f", 1, 2);
+        assert!(!taken.0.contains_key(&("f".to_string(), 2)));
         assert_eq!(
             statement(&[take("c", 2), give("b", 2)]),
             format!("SELECT GET_LOCK(?, {TAKE_WAIT_S}), RELEASE_LOCK(?)")

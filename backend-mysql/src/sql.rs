@@ -81,6 +81,59 @@ const ROLLBACK_AND_READ: &str = "ROLLBACK; \
      SELECT owner, token, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
      FROM `{locks}` WHERE name = {name}";
 
+/// A hand-over ([`DistributedLock::hand_over`](distlock_api::DistributedLock::hand_over)) as
+/// one request of several statements, with the values written in as [`GRANT_IN_ONE`] writes
+/// them (`{from}` the releasing owner, `{token}` its grant's token, `{to}` the new owner). One
+/// transaction, whatever it finds:
+///
+/// 1. `LAST_INSERT_ID` is set to 0, so that 0 below means "no token was taken here".
+/// 2. The name's fencing counter is bumped, as a fresh grant bumps it, only if the releasing
+///    grant holds the lock live with its last hold. The counter row is locked first, as every
+///    fresh grant locks it first (no lock-order inversion with them), and while it is locked
+///    no grant or takeover of the name can happen.
+/// 3. The row passes to the new owner with that token, hold count 1 and a lease from the
+///    server's now, under the same conditions again (checked on the row's current version).
+/// 4. A guard: if a token was taken but the row was not passed on (it changed between 2 and 3:
+///    its lease ran out that very instant, or another hold of the same owner came or went),
+///    a duplicate-key insert into the counter table fails, the server runs nothing after it,
+///    and the transaction is left open with the counter bumped, for the client to roll back
+///    (no token is burned) and to try again.
+/// 5. Otherwise a release of one hold of several, as [`RELEASE_ONE`] (matches nothing after a
+///    hand-over: the row's owner and token are new).
+/// 6. The outcome read back: the new token (0 if none), whether one hold of several was given
+///    up, and whether the releasing grant still holds the row live (after nothing was done: a
+///    race to try again).
+/// 7. The releasing grant's own expired row is deleted, as [`CLEAR_EXPIRED`] after a release
+///    that found it expired; then commit.
+///
+/// Nothing in it frees the name, even for an instant: waiters of other clients see no change
+/// but the row's new owner and token.
+const HAND_OVER: &str = "BEGIN; \
+     DO LAST_INSERT_ID(0); \
+     UPDATE `{fencing}` SET value = LAST_INSERT_ID(value + 1) \
+     WHERE name = {name} AND EXISTS (SELECT 1 FROM `{locks}` \
+         WHERE name = {name} AND owner = {from} AND token = {token} AND hold_count = 1 \
+           AND expires_at > UTC_TIMESTAMP(6)); \
+     UPDATE `{locks}` \
+     SET owner = {to}, hold_count = 1, token = LAST_INSERT_ID(), \
+         expires_at = UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND, \
+         granted_at = UTC_TIMESTAMP(6) \
+     WHERE name = {name} AND owner = {from} AND token = {token} AND hold_count = 1 \
+       AND expires_at > UTC_TIMESTAMP(6) AND LAST_INSERT_ID() > 0; \
+     INSERT INTO `{fencing}` (name, value) SELECT {name}, 0 FROM DUAL \
+     WHERE LAST_INSERT_ID() > 0 AND NOT EXISTS \
+         (SELECT 1 FROM `{locks}` WHERE name = {name} AND token = LAST_INSERT_ID()); \
+     UPDATE `{locks}` SET hold_count = hold_count - 1 \
+     WHERE name = {name} AND owner = {from} AND token = {token} AND hold_count > 1 \
+       AND expires_at > UTC_TIMESTAMP(6); \
+     SELECT LAST_INSERT_ID(), ROW_COUNT(), \
+         (SELECT expires_at > UTC_TIMESTAMP(6) FROM `{locks}` \
+          WHERE name = {name} AND owner = {from} AND token = {token}); \
+     DELETE FROM `{locks}` \
+     WHERE name = {name} AND owner = {from} AND token = {token} \
+       AND expires_at <= UTC_TIMESTAMP(6); \
+     COMMIT";
+
 /// Inside the granting transaction: take over an expired row. Zero rows means it is live (or
 /// gone); the transaction is then rolled back.
 const TAKEOVER: &str = "UPDATE `{locks}` \
@@ -173,6 +226,7 @@ pub(crate) struct Statements {
     pub(crate) sweep: Arc<str>,
     grant_in_one: Arc<str>,
     rollback_and_read: Arc<str>,
+    hand_over: Arc<str>,
     /// The lock table's (validated) name, for the test-only admin.
     #[cfg(feature = "testing")]
     pub(crate) locks: Arc<str>,
@@ -210,6 +264,7 @@ impl Statements {
             sweep: r(SWEEP),
             grant_in_one: r(GRANT_IN_ONE),
             rollback_and_read: r(ROLLBACK_AND_READ),
+            hand_over: r(HAND_OVER),
             #[cfg(feature = "testing")]
             locks: locks.into(),
         }
@@ -222,6 +277,24 @@ impl Statements {
         self.grant_in_one
             .replace("{name}", &hex_literal(name))
             .replace("{owner}", &hex_literal(owner))
+            .replace("{ttl}", &ttl_us.to_string())
+    }
+
+    /// [`HAND_OVER`] of `name` from the grant of `from` with `token` to `to`, with a lease of
+    /// `ttl_us` microseconds.
+    pub(crate) fn hand_over(
+        &self,
+        name: &[u8],
+        from: &[u8],
+        token: u64,
+        to: &[u8],
+        ttl_us: u64,
+    ) -> String {
+        self.hand_over
+            .replace("{name}", &hex_literal(name))
+            .replace("{from}", &hex_literal(from))
+            .replace("{token}", &token.to_string())
+            .replace("{to}", &hex_literal(to))
             .replace("{ttl}", &ttl_us.to_string())
     }
 
@@ -268,6 +341,15 @@ mod tests {
         assert!(sql.contains("VALUES (X'6E27', X'6F2331', 1, LAST_INSERT_ID(),"));
         assert!(sql.contains("INTERVAL 1500 MICROSECOND"));
         assert!(!sql.contains('{'), "{sql}");
+        let ho = s.hand_over(b"n'", b"o#1", u64::MAX, b"p#2", 2_500);
+        assert!(
+            ho.starts_with("BEGIN; DO LAST_INSERT_ID(0); UPDATE `f_t`"),
+            "{ho}"
+        );
+        assert!(ho.contains("owner = X'6F2331' AND token = 18446744073709551615"));
+        assert!(ho.contains("SET owner = X'702332', hold_count = 1, token = LAST_INSERT_ID()"));
+        assert!(ho.contains("INTERVAL 2500 MICROSECOND") && ho.ends_with("COMMIT"));
+        assert!(!ho.contains('{') && !ho.contains("NOW("), "{ho}");
         let read = s.rollback_and_read(b"n");
         assert!(read.starts_with("ROLLBACK; SELECT") && read.ends_with("WHERE name = X'6E'"));
     }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
@@ -13,7 +13,7 @@ use distlock_api::{
 
 use crate::config::RedisConfig;
 use crate::pubsub::{Hub, HubConfig};
-use crate::server::{Acquired, Server};
+use crate::server::{Acquired, HandedOver, Server};
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
@@ -118,6 +118,26 @@ impl Shared {
             .await?
             .is_some())
     }
+
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        let sent_at = Instant::now();
+        let handed = self
+            .server
+            .hand_over(&from.name, &from.owner, from.token.0, &to.owner, to.ttl)
+            .await?;
+        Ok(match handed {
+            HandedOver::To { token } => HandOver::Handed(Grant::new(
+                to.name.clone(),
+                to.owner.clone(),
+                FencingToken(token),
+                1,
+                to.ttl,
+                sent_at,
+            )),
+            HandedOver::Kept => HandOver::Released(true),
+            HandedOver::NotHeld => HandOver::Released(false),
+        })
+    }
 }
 
 #[async_trait]
@@ -146,6 +166,16 @@ impl DistributedLock for RedisLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.shared.release(grant).await
+    }
+
+    /// A release wakes a waiting task of this handle with the lock already its own: one
+    /// script gives up the releasing grant and grants the waiter a fresh token.
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        self.shared.hand_over(from, to).await
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

@@ -32,6 +32,7 @@ impl Lua {
 struct Scripts {
     acquire: Lua,
     release: Lua,
+    handover: Lua,
     renew: Lua,
     inspect: Lua,
     fence: Lua,
@@ -40,6 +41,7 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Lua::new(include_str!("acquire.lua")),
     release: Lua::new(include_str!("release.lua")),
+    handover: Lua::new(include_str!("handover.lua")),
     renew: Lua::new(include_str!("renew.lua")),
     inspect: Lua::new(include_str!("inspect.lua")),
     fence: Lua::new(include_str!("fence.lua")),
@@ -53,6 +55,17 @@ pub(crate) enum Acquired {
     Granted { token: u64, count: u32, fence: u64 },
     /// Another owner holds it, for `pttl` more (`None`: the key has no expiry).
     Held { pttl: Option<Duration> },
+}
+
+/// What the hand-over script did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HandedOver {
+    /// The new owner holds the lock, under this fresh token.
+    To { token: u64 },
+    /// The grant had more holds: one was given up, and it keeps the lock.
+    Kept,
+    /// The grant did not hold the lock: nothing changed.
+    NotHeld,
 }
 
 /// What the inspect script saw.
@@ -170,7 +183,14 @@ impl Server {
     async fn load_scripts(&self) -> Result<()> {
         let s = &*SCRIPTS;
         let mut pipe = redis::pipe();
-        for lua in [&s.acquire, &s.release, &s.renew, &s.inspect, &s.fence] {
+        for lua in [
+            &s.acquire,
+            &s.release,
+            &s.handover,
+            &s.renew,
+            &s.inspect,
+            &s.fence,
+        ] {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
         }
         let mut conn = self.conn();
@@ -257,6 +277,35 @@ impl Server {
                 .map(Some)
                 .map_err(|_| self.bad_reply("release")),
             None => Err(self.bad_reply("release")),
+        }
+    }
+
+    /// Runs the hand-over script: the grant `(owner, token)` gives up its last hold and `to`
+    /// gets the lock with a lease of `ttl`.
+    pub(crate) async fn hand_over(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+        to: &OwnerId,
+        ttl: Duration,
+    ) -> Result<HandedOver> {
+        let mut inv = SCRIPTS.handover.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .key(self.keys.fence_key(name))
+            .arg(&*owner.text())
+            .arg(token)
+            .arg(&*to.text())
+            .arg(millis(ttl));
+        let reply =
+            ints(self.run("hand over", inv).await?).ok_or_else(|| self.bad_reply("hand over"))?;
+        match reply[..] {
+            [1, token] => Ok(HandedOver::To {
+                token: u64::try_from(token).map_err(|_| self.bad_reply("hand over"))?,
+            }),
+            [0, _] => Ok(HandedOver::Kept),
+            [-1] => Ok(HandedOver::NotHeld),
+            _ => Err(self.bad_reply("hand over")),
         }
     }
 

@@ -116,3 +116,52 @@ async fn a_reentry_a_paused_server_applies_late_leaves_only_the_guards_hold() {
         "still held after the guard's release"
     );
 }
+
+/// A release that hands the lock to a waiting task of its handle, sent to a paused server: the
+/// answer is lost, so neither the release nor the new grant is known to have happened. The
+/// server applies the hand-over when it resumes; the task's own attempt meanwhile fails too.
+/// Both are settled: no hold is left without a guard, and another client gets the lock long
+/// before the 10-minute leases would end.
+#[tokio::test]
+async fn a_hand_over_a_paused_server_applies_late_leaves_nothing_held() {
+    if skipped() {
+        return;
+    }
+    let server = PrivateRedis::start_free();
+    let (a, b) = (client(&server).await, client(&server).await);
+    let name = "paused-mid-hand-over";
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(600))
+        .wait(Duration::from_secs(60));
+    let g = a.try_lock_with(name, &long).await.unwrap().expect("free");
+    let waiter = tokio::spawn({
+        let (a, long) = (a.clone(), long.clone());
+        async move { a.lock_with(name, &long).await }
+    });
+    // Subscribed and waiting: it has offered to take the lock from a release of `a`.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    server.signal("STOP");
+    let e = g.release().await.expect_err("released on a paused server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    let waited = waiter.await.unwrap();
+    server.signal("CONT");
+    // The task's own attempt went to the paused server too: it failed, or (the server resumed
+    // in time) it is the holder now.
+    let held = match waited {
+        Ok(g2) => Some(g2),
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+            None
+        }
+    };
+    if let Some(g2) = held {
+        assert!(g2.release().await.unwrap());
+    }
+    let g3 = b
+        .lock(name, Duration::from_secs(30))
+        .await
+        .expect("a hold the late hand-over left was never given back");
+    assert!(g3.release().await.unwrap());
+    assert!(b.holder(name).await.unwrap().is_none());
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
 use distlock_api::{
     Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, Result, SharedLock,
@@ -110,6 +110,14 @@ impl DistributedLock for Counting {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.inner.release(grant).await
+    }
+
+    fn hands_over(&self) -> bool {
+        self.inner.hands_over()
+    }
+
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        self.inner.hand_over(from, to).await
     }
 
     fn keeper(&self) -> &dyn LeaseKeeper {

@@ -133,38 +133,40 @@ async fn compare(
     .await?;
     let [ours_measured, theirs_measured] = <[Measured; 2]>::try_from(measured)
         .map_err(|_| "measure_cycles returned the wrong number of results")?;
-    // On one server: what each cycle costs the server itself, the part of the gap that no
-    // client-side work can close.
-    let server = match urls.as_slice() {
-        [url] => {
-            let cycles = if plan.quick { 200 } else { 2000 };
-            let ours_us = server_us_per_cycle(url, &mut ours, cycles).await?;
-            let theirs_us = server_us_per_cycle(url, &mut theirs, cycles).await?;
-            Some((ours_us, theirs_us))
-        }
-        _ => None,
-    };
-    Ok((ours_measured, theirs_measured, server))
+    // What each cycle costs the servers themselves (every master, for RedLock), the part of
+    // the gap that no client-side work can close: on this machine the servers share the
+    // client's cores, so their time is latency.
+    let cycles = if plan.quick { 200 } else { 2000 };
+    let ours_us = server_us_per_cycle(&urls, &mut ours, cycles).await?;
+    let theirs_us = server_us_per_cycle(&urls, &mut theirs, cycles).await?;
+    Ok((ours_measured, theirs_measured, Some((ours_us, theirs_us))))
 }
 
-/// The server's own time per cycle of `cycle`: `INFO commandstats`' microseconds summed over
-/// every command, before and after `cycles` cycles (nothing else uses the server meanwhile).
-async fn server_us_per_cycle(url: &str, cycle: &mut dyn Cycle, cycles: u32) -> Res<f64> {
-    let client = redis::Client::open(url)?;
-    let con = client.get_multiplexed_async_connection().await?;
+/// The servers' own time per cycle of `cycle`: `INFO commandstats`' microseconds summed over
+/// every command and every server in `urls`, before and after `cycles` cycles (nothing else
+/// uses them meanwhile).
+async fn server_us_per_cycle(urls: &[String], cycle: &mut dyn Cycle, cycles: u32) -> Res<f64> {
+    let mut cons = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str())?;
+        cons.push(client.get_multiplexed_async_connection().await?);
+    }
     let busy_us = || {
-        let mut con = con.clone();
+        let cons = cons.clone();
         async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut con)
-                .await?;
-            Res::Ok(
-                info.lines()
+            let mut sum = 0.0;
+            for mut con in cons {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut con)
+                    .await?;
+                sum += info
+                    .lines()
                     .filter_map(|l| l.split("usec=").nth(1))
                     .filter_map(|rest| rest.split(',').next()?.parse::<f64>().ok())
-                    .sum::<f64>(),
-            )
+                    .sum::<f64>();
+            }
+            Res::Ok(sum)
         }
     };
     let before = busy_us().await?;
@@ -172,6 +174,6 @@ async fn server_us_per_cycle(url: &str, cycle: &mut dyn Cycle, cycles: u32) -> R
         cycle.once().await?;
     }
     let after = busy_us().await?;
-    // The INFO call itself is counted once in `after`: negligible against the cycles.
+    // The INFO calls themselves are counted once in `after`: negligible against the cycles.
     Ok((after - before) / f64::from(cycles))
 }

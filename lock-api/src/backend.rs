@@ -16,6 +16,7 @@ pub use crate::grant::{
 };
 pub use crate::keeper::Hold;
 pub use crate::lock::{ClientCore, LeaseKeeper, OnTheSpot};
+pub use crate::wakes::HANDED_IN_A_ROW;
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;
 

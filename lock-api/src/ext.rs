@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, Either};
@@ -17,7 +17,8 @@ use crate::lock::{DistributedLock, LeaseKeeper, OnTheSpot};
 use crate::name::{check_name, check_prefix, LockName, OwnerId};
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
-use crate::settle::{self, InFlight};
+use crate::settle::{self, Handed, InFlight};
+use crate::wakes::LocalWaiter;
 use futures::TryFutureExt;
 use tracing::Instrument;
 
@@ -436,6 +437,66 @@ async fn attempt_once(this: &Arc<dyn DistributedLock>, req: &AcquireRequest) -> 
     .await
 }
 
+/// A lock handed over to a waiter between its attempts ([`DistributedLock::hand_over`]), kept
+/// for its next attempt to return. Dropped with the acquire, it is given back.
+#[derive(Default)]
+struct Stash(Mutex<Option<Handed>>);
+
+impl Stash {
+    fn take(&self) -> Option<Handed> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    fn put(&self, handed: Handed) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
+    }
+}
+
+/// The next attempt of a wait loop: the lock handed over while the waiter waited, if it was,
+/// without a request; else one attempt at the server.
+fn next_attempt<'a>(
+    this: &'a Arc<dyn DistributedLock>,
+    req: &'a AcquireRequest,
+    stash: &Stash,
+) -> impl Future<Output = Result<Attempt>> + Send + 'a {
+    let handed = stash.take();
+    async move {
+        match handed {
+            // Taken in the poll that returns it: the grant is the acquire's from here on.
+            Some(handed) => Ok(Attempt::Granted(handed.into_grant())),
+            None => attempt_once(this, req).await,
+        }
+    }
+}
+
+/// Runs one wait step (`wait`) of a waiter; on a backend that hands locks over, the waiter
+/// offers meanwhile to take the lock from a release through its handle, and a lock handed over
+/// ends the step and goes to `stash`. An offer that a release took up as the step ended is
+/// waited for (one request), so a grant is never lost between the two.
+async fn offering(
+    this: &Arc<dyn DistributedLock>,
+    local: &LocalWaiter<'_>,
+    req: &AcquireRequest,
+    stash: &Stash,
+    wait: impl Future<Output = ()>,
+) {
+    if !this.hands_over() {
+        return wait.await;
+    }
+    let mut offered = local.offer(req);
+    let answered = tokio::select! {
+        handed = offered.handed() => Some(handed),
+        () = wait => None,
+    };
+    let handed = match answered {
+        Some(handed) => handed,
+        None => offered.withdraw().await,
+    };
+    if let Some(handed) = handed {
+        stash.put(handed);
+    }
+}
+
 /// Waits up to `wait` for `req`'s lock the way the backend says
 /// ([`DistributedLock::waiting`]): attempts with backoff, attempts woken by the server's
 /// notices, or the backend's own queue.
@@ -460,11 +521,13 @@ async fn acquire_waiting(
                     Attempt::Held { .. } => Err(wait::timeout(wait)),
                 };
             };
+            let stash = Stash::default();
             // Passed on by a waiter that won the lock: it is held through this handle, so an
             // attempt now would only find it held. Wait for that release (or the first step).
             if let Some(seen) = local.passed_by_a_winner() {
                 let left = deadline.saturating_duration_since(Instant::now());
-                local.wait(seen, backoff.next_delay().min(left)).await;
+                let step = local.wait(seen, backoff.next_delay().min(left));
+                offering(this, &local, req, &stash, step).await;
             }
             let seen = AtomicU64::new(local.releases());
             // The server's notices, where a polling backend has them for waiters of other
@@ -475,12 +538,12 @@ async fn acquire_waiting(
                 deadline,
                 || {
                     seen.store(local.releases(), Ordering::Relaxed);
-                    attempt_once(this, req)
+                    next_attempt(this, req, &stash)
                 },
                 |max| {
                     let step = backoff.next_delay().min(max);
                     let seen = seen.load(Ordering::Relaxed);
-                    let (notices, local) = (&notices, &local);
+                    let (notices, local, stash) = (&notices, &local, &stash);
                     async move {
                         if !notices.initialized() {
                             let subscribed = tokio::time::timeout(max, this.subscribe(&req.name));
@@ -493,13 +556,16 @@ async fn acquire_waiting(
                                 return;
                             }
                         }
-                        match notices.get() {
-                            Some(Some(n)) => tokio::select! {
-                                _ = n.wait(max) => {}
-                                _ = local.wait(seen, max) => {}
-                            },
-                            _ => local.wait(seen, step).await,
-                        }
+                        let step = async {
+                            match notices.get() {
+                                Some(Some(n)) => tokio::select! {
+                                    _ = n.wait(max) => {}
+                                    _ = local.wait(seen, max) => {}
+                                },
+                                _ => local.wait(seen, step).await,
+                            }
+                        };
+                        offering(this, local, req, stash, step).await;
                     }
                 },
             )
@@ -532,19 +598,23 @@ async fn acquire_waiting(
             // without waiting for the server's notice to come round.
             let local = this.core().wakes().waiter(&req.name);
             let seen = AtomicU64::new(local.releases());
+            let stash = Stash::default();
             wait::notified(
                 deadline,
                 || {
                     seen.store(local.releases(), Ordering::Relaxed);
-                    attempt_once(this, req)
+                    next_attempt(this, req, &stash)
                 },
                 |max| {
-                    let (notices, local, seen) = (&notices, &local, &seen);
+                    let (notices, local, seen, stash) = (&notices, &local, &seen, &stash);
                     async move {
-                        tokio::select! {
-                            _ = notices.wait(max) => {}
-                            _ = local.wait(seen.load(Ordering::Relaxed), max) => {}
-                        }
+                        let step = async {
+                            tokio::select! {
+                                _ = notices.wait(max) => {}
+                                _ = local.wait(seen.load(Ordering::Relaxed), max) => {}
+                            }
+                        };
+                        offering(this, local, req, stash, step).await;
                     }
                 },
             )

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::backend::wait::{Attempt, Backoff, Notices, Waiting};
+use crate::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use crate::capability::Capabilities;
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
@@ -120,6 +120,30 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// Gives up one hold of `grant`. `Ok(true)` if the grant still held the lock (and one hold
     /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
     async fn release(&self, grant: &Grant) -> Result<bool>;
+
+    /// Whether [`hand_over`](Self::hand_over) passes a lock in one request. `false`, the
+    /// default, has a release through this handle free the lock and wake the handle's own
+    /// waiters, which then ask the server; a backend that returns `true` has its waiters
+    /// offered the lock straight from the releasing guard instead.
+    fn hands_over(&self) -> bool {
+        false
+    }
+
+    /// Gives up `from`'s hold and, if that was its last one, grants the lock to `to` — a waiter
+    /// of this same handle for the same name — in the same atomic step on the server, with a
+    /// fencing token greater than `from`'s and `to.ttl` as the lease (counted from this
+    /// request's send). Conditional like [`release`](Self::release): a `from` that no longer
+    /// holds the lock changes nothing and is [`HandOver::Released(false)`](HandOver::Released).
+    /// A `from` with holds left loses one and passes nothing on. Called only where
+    /// [`hands_over`](Self::hands_over) says so; the default is a plain release.
+    ///
+    /// One request for a hand-off between tasks of one process, where a release and the
+    /// waiter's next attempt take two. Only for backends without a fair queue: the waiter goes
+    /// before waiters of other handles.
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        let _ = to;
+        Ok(HandOver::Released(self.release(from).await?))
+    }
 
     /// Who keeps this backend's guards once acquired ([`LeaseKeeper`]): the client's watchdog,
     /// the default, which renews their leases against the server and fires `lost()`. The

@@ -2,15 +2,29 @@
 //! for a name at a time, the others queue in the handle in the order they came (FIFO), and a
 //! release through the handle wakes the polling one at once instead of at its next backoff
 //! step. Waiters of other handles (other processes) still find the lock free by polling.
+//!
+//! On a backend that [hands locks over](crate::DistributedLock::hands_over), a waiter between
+//! attempts also offers to take the lock straight from a releasing guard of its handle
+//! ([`LocalWaiter::offer`]): the release and its grant are then one request, and the grant
+//! reaches the waiter through the offer. The handle passes a lock on at most
+//! [`HANDED_IN_A_ROW`] times in a row; the release after that frees it, and wakes the handle's
+//! own waiters no sooner than the server's notices (or their polling) wake other clients', so
+//! that waiters of other handles get their chance.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
+use crate::grant::AcquireRequest;
 use crate::name::LockName;
+use crate::settle::Handed;
+
+/// How many times in a row a handle passes a lock to its own waiters before a release frees it
+/// on the server instead (where any client may take it).
+pub const HANDED_IN_A_ROW: u32 = 16;
 
 /// The waiters of one name in one handle: a counter of releases, which they watch, and the turn
 /// to poll, which they take one at a time in FIFO order (Tokio's semaphore queues fairly).
@@ -18,6 +32,22 @@ struct NameWaiters {
     releases: watch::Sender<u64>,
     turn: Arc<Semaphore>,
     handed: Arc<AtomicU64>,
+    /// Waiters between attempts that take the lock straight from a release, oldest first.
+    offers: VecDeque<Offer>,
+    /// Hand-overs since the last release that freed the lock.
+    in_a_row: u32,
+    /// The release under way frees the lock after [`HANDED_IN_A_ROW`] hand-overs: it does not
+    /// wake these waiters at once, so that they find out as other clients' waiters do.
+    let_go: bool,
+}
+
+/// A waiter's offer to take the lock from a release of its handle.
+pub(crate) struct Offer {
+    id: u64,
+    /// The waiter's acquire: its owner and lease.
+    pub(crate) req: AcquireRequest,
+    /// Where the grant goes. A send to a waiter that left gives the grant back (it drops).
+    pub(crate) to: oneshot::Sender<Handed>,
 }
 
 /// The polling waiters of one client handle, by lock name.
@@ -39,6 +69,9 @@ impl LocalWakes {
             releases: watch::channel(0).0,
             turn: Arc::new(Semaphore::new(1)),
             handed: Arc::default(),
+            offers: VecDeque::new(),
+            in_a_row: 0,
+            let_go: false,
         });
         LocalWaiter {
             wakes: self,
@@ -51,9 +84,32 @@ impl LocalWakes {
 
     /// A release of `name` went through this handle: wakes its waiters for the name, if any.
     pub(crate) fn released(&self, name: &LockName) {
-        if let Some(w) = self.names().get(name) {
-            w.releases.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(w) = self.names().get_mut(name) {
+            w.in_a_row = 0;
+            if !std::mem::take(&mut w.let_go) {
+                w.releases.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
+    }
+
+    /// The oldest offer of a waiter for `name` that is still waiting, for a release to hand
+    /// the lock to; `None` if there is none, or if the handle has passed the lock on
+    /// [`HANDED_IN_A_ROW`] times in a row (this release frees it).
+    pub(crate) fn claim(&self, name: &LockName) -> Option<Offer> {
+        let mut names = self.names();
+        let w = names.get_mut(name)?;
+        if w.in_a_row >= HANDED_IN_A_ROW {
+            w.in_a_row = 0;
+            w.let_go = true;
+            return None;
+        }
+        while let Some(offer) = w.offers.pop_front() {
+            if !offer.to.is_closed() {
+                w.in_a_row += 1;
+                return Some(offer);
+            }
+        }
+        None
     }
 
     #[cfg(test)]
@@ -108,6 +164,28 @@ impl LocalWaiter<'_> {
         *self.rx.borrow()
     }
 
+    /// Offers to take the lock from a release through this handle until the returned value is
+    /// [withdrawn](Offered::withdraw) or dropped.
+    pub(crate) fn offer(&self, req: &AcquireRequest) -> Offered<'_> {
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let (to, from) = oneshot::channel();
+        let offer = Offer {
+            id,
+            req: req.clone(),
+            to,
+        };
+        if let Some(w) = self.wakes.names().get_mut(&self.name) {
+            w.offers.push_back(offer);
+        }
+        Offered {
+            wakes: self.wakes,
+            name: &self.name,
+            id,
+            from,
+        }
+    }
+
     /// Returns after `max`, or at once when the handle has released the name since `seen`.
     pub(crate) async fn wait(&self, seen: u64, max: Duration) {
         let mut rx = self.rx.clone();
@@ -115,6 +193,54 @@ impl LocalWaiter<'_> {
             _ = tokio::time::sleep(max) => {}
             _ = rx.wait_for(|n| *n != seen) => {}
         }
+    }
+}
+
+/// A waiter's standing offer ([`LocalWaiter::offer`]).
+pub(crate) struct Offered<'a> {
+    wakes: &'a LocalWakes,
+    name: &'a LockName,
+    id: u64,
+    from: oneshot::Receiver<Handed>,
+}
+
+impl Offered<'_> {
+    /// Returns when a release took the offer up and is done with it: with the lock, or with
+    /// `None` when the release passed nothing on (it freed the lock, or failed).
+    pub(crate) async fn handed(&mut self) -> Option<Handed> {
+        (&mut self.from).await.ok()
+    }
+
+    /// Takes the offer back. A release that took it up already is waited for (one request):
+    /// the lock it hands over is returned, and must become a guard or be dropped (which gives
+    /// it back).
+    pub(crate) async fn withdraw(mut self) -> Option<Handed> {
+        if self.take_back() {
+            return None;
+        }
+        self.handed().await
+    }
+
+    /// Removes the offer from the queue; `false` if a release took it already.
+    fn take_back(&self) -> bool {
+        let mut names = self.wakes.names();
+        let Some(w) = names.get_mut(self.name) else {
+            return false;
+        };
+        match w.offers.iter().position(|o| o.id == self.id) {
+            Some(at) => {
+                w.offers.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Offered<'_> {
+    fn drop(&mut self) {
+        // A release that took the offer up finds the receiver gone, and gives its grant back.
+        self.take_back();
     }
 }
 
@@ -167,6 +293,54 @@ mod tests {
         };
         tokio::join!(waiter.wait(seen, Duration::from_secs(60)), release);
         assert_eq!(started.elapsed(), Duration::from_secs(7));
+    }
+
+    fn request(name: &LockName, owner: &str) -> AcquireRequest {
+        AcquireRequest {
+            name: name.clone(),
+            owner: crate::name::OwnerId::new(owner).unwrap(),
+            ttl: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn releases_take_offers_oldest_first_and_only_so_many_in_a_row() {
+        let wakes = LocalWakes::default();
+        let name = LockName::new("n").unwrap();
+        let (first, second) = (wakes.waiter(&name), wakes.waiter(&name));
+        let a = first.offer(&request(&name, "a"));
+        let b = second.offer(&request(&name, "b"));
+        let claimed = wakes.claim(&name).expect("a waiter offered");
+        assert_eq!(
+            claimed.req.owner,
+            request(&name, "a").owner,
+            "the oldest offer first"
+        );
+        // A taken offer is waited for when withdrawn: here the release gives up on it.
+        drop(claimed);
+        assert!(a.withdraw().await.is_none());
+        // A withdrawn offer is not taken.
+        assert!(b.withdraw().await.is_none());
+        assert!(wakes.claim(&name).is_none());
+        // One standing offer, taken again and again: the handle passes the lock on
+        // HANDED_IN_A_ROW times, then one release frees it, without waking its own waiters.
+        // (A release that frees the lock starts the count afresh.)
+        wakes.released(&name);
+        let seen = first.releases();
+        for round in 0..HANDED_IN_A_ROW {
+            let offer = first.offer(&request(&name, "a"));
+            assert!(wakes.claim(&name).is_some(), "hand-over {round}");
+            drop(offer);
+        }
+        let offer = first.offer(&request(&name, "a"));
+        assert!(wakes.claim(&name).is_none(), "one too many in a row");
+        wakes.released(&name);
+        assert_eq!(first.releases(), seen, "the waiters were woken at once");
+        assert!(wakes.claim(&name).is_some(), "a fresh run of hand-overs");
+        drop(offer);
+        // A release that frees the lock otherwise wakes them as before.
+        wakes.released(&name);
+        assert_eq!(first.releases(), seen + 1);
     }
 
     #[tokio::test]

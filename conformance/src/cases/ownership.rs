@@ -211,7 +211,9 @@ pub(crate) async fn explicit_owner_reenters_only_on_its_own_handle(cx: Ctx) {
 }
 
 /// 8 tasks on one handle and 8 on another increment a read-sleep-write counter under the lock:
-/// the count is exact and no two tasks are ever inside at once.
+/// the count is exact, no two tasks are ever inside at once, and (with fencing) each grant's
+/// token is greater than the one before it, whether it came from a release of another handle or
+/// of its own (a hand-over, where the backend makes them).
 pub(crate) async fn tasks_sharing_two_handles_keep_a_counter_exact(cx: Ctx) {
     const TASKS: usize = 8;
     const ROUNDS: u64 = 4;
@@ -219,10 +221,13 @@ pub(crate) async fn tasks_sharing_two_handles_keep_a_counter_exact(cx: Ctx) {
     let name = cx.name("counter");
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicU32::new(0));
+    let last_token = Arc::new(AtomicU64::new(0));
+    let fencing = a.capabilities().fencing_tokens();
     let mut tasks = Vec::new();
     for i in 0..2 * TASKS {
         let c = if i % 2 == 0 { a.clone() } else { b.clone() };
         let (name, counter, inside) = (name.clone(), counter.clone(), inside.clone());
+        let last_token = last_token.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let g = c
@@ -233,6 +238,12 @@ pub(crate) async fn tasks_sharing_two_handles_keep_a_counter_exact(cx: Ctx) {
                 assert_eq!(
                     others, 0,
                     "task {i} entered while {others} others were inside"
+                );
+                let before = last_token.swap(g.token().0, Ordering::SeqCst);
+                assert!(
+                    !fencing || g.token().0 > before,
+                    "task {i} was granted token {} after token {before}",
+                    g.token()
                 );
                 let seen = counter.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -276,4 +287,110 @@ pub(crate) async fn guard_dropped_on_a_plain_thread_frees_the_lock(cx: Ctx) {
         assert!(g2.token() > token);
     }
     assert!(g2.release().await.unwrap());
+}
+
+/// A task of the handle that is granted the lock at its handle's release holds it under its
+/// own lease, shorter or longer than the releasing guard's: the server's expiry and the guard's
+/// safe-until are the new grant's, not left over from the release (on a backend that hands the
+/// lock over in the release's own request, too).
+pub(crate) async fn a_task_granted_at_its_handles_release_holds_its_own_lease(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("own-lease");
+    let fixed = |secs| {
+        LockOptions::new()
+            .ttl(Duration::from_secs(secs))
+            .wait(LONG_WAIT)
+    };
+    // (the releasing guard's lease, the waiting task's lease), in seconds.
+    for (held, asked) in [(120, 3), (2, 60)] {
+        let g = a
+            .try_lock_with(&name, &fixed(held))
+            .await
+            .unwrap()
+            .expect("free");
+        let waiter = tokio::spawn({
+            let (a, name, opts) = (a.clone(), name.clone(), fixed(asked));
+            async move { a.lock_with(&name, &opts).await }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!waiter.is_finished(), "granted while held");
+        let released = Instant::now();
+        assert!(g.release().await.unwrap());
+        let g2 = waiter.await.unwrap().unwrap();
+        let lease = Duration::from_secs(asked);
+        let safe_until = g2.safe_until().expect("a fixed lease has a safe-until");
+        assert!(
+            safe_until <= Instant::now() + lease,
+            "safe-until {:?} past the task's own lease of {lease:?}",
+            safe_until.saturating_duration_since(Instant::now())
+        );
+        assert!(safe_until > released, "safe-until before the grant");
+        let seen = b.holder(&name).await.unwrap().expect("held by the task");
+        assert_eq!(
+            (&seen.owner, seen.token, seen.hold_count),
+            (g2.owner(), g2.token(), 1)
+        );
+        let remaining = seen.remaining.expect("a per-lock lease");
+        assert!(
+            remaining <= lease && remaining + Duration::from_millis(1500) >= lease,
+            "the server's lease {remaining:?}, the task asked for {lease:?} (the releasing guard \
+             had {held} s)"
+        );
+        if asked > held {
+            // Past the releasing guard's lease, the task's holds on.
+            tokio::time::sleep(Duration::from_secs(held) + Duration::from_millis(500)).await;
+            assert!(
+                b.try_lock(&name).await.unwrap().is_none(),
+                "the lock expired with the releasing guard's lease, not the task's"
+            );
+            assert!(!g2.is_lost());
+        }
+        assert!(g2.release().await.unwrap());
+    }
+}
+
+/// A waiting task that leaves (its acquire dropped) just as its handle releases the lock never
+/// leaves it held without a guard: at every moment of leaving, another client gets the lock
+/// at once, long before the lease (two minutes) could free it. On a backend that hands the lock
+/// over, this is the task leaving while the hand-over is on its way.
+pub(crate) async fn a_task_leaving_as_its_handle_releases_leaves_the_lock_free(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("leaving");
+    let opts = if a.capabilities().per_lock_ttl() {
+        LockOptions::new().ttl(Duration::from_secs(120))
+    } else {
+        LockOptions::new()
+    }
+    .wait(LONG_WAIT);
+    for round in 0u64..12 {
+        let g = a.try_lock_with(&name, &opts).await.unwrap().expect("free");
+        let waiter = tokio::spawn({
+            let (a, name, opts) = (a.clone(), name.clone(), opts.clone());
+            async move { a.lock_with(&name, &opts).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let release = tokio::spawn(g.release());
+        // From before the release is sent to well after it is answered.
+        tokio::time::sleep(Duration::from_micros(round * round * 20)).await;
+        waiter.abort();
+        if let Ok(granted) = waiter.await {
+            // Granted before it could leave: its guard lets go here.
+            drop(granted.unwrap());
+        }
+        assert!(
+            release.await.unwrap().unwrap(),
+            "round {round}: the release"
+        );
+        let started = Instant::now();
+        let g2 = b
+            .lock(&name, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: left held without a guard: {e}"));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "round {round}: free only after {:?}",
+            started.elapsed()
+        );
+        assert!(g2.release().await.unwrap());
+    }
 }

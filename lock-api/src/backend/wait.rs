@@ -42,6 +42,19 @@ impl Attempt {
     }
 }
 
+/// What a [`hand_over`](crate::DistributedLock::hand_over) request did.
+#[derive(Debug)]
+pub enum HandOver {
+    /// The releasing grant's last hold ended and the waiter's request was granted in the same
+    /// atomic step: the new grant, with a fresh fencing token and the waiter's lease counted
+    /// from the request's send.
+    Handed(Grant),
+    /// Nothing was passed on; the request did what [`release`](crate::DistributedLock::release)
+    /// does (one hold taken away when the grant has several), and says what release would:
+    /// whether the grant still held the lock.
+    Released(bool),
+}
+
 /// How a waiting acquire learns that the lock may be free between attempts
 /// ([`DistributedLock::waiting`](crate::DistributedLock::waiting)).
 #[derive(Clone, Debug)]

@@ -1,0 +1,200 @@
+//! A release through a handle hands the lock to a task of the same handle that waits for it:
+//! one script gives up the releasing grant and grants the task, so the hand-off is the
+//! release's own round trip, where a release and the task's next attempt would take two.
+//! Counted by a loopback proxy between the client and the server.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::backend::wait::HandOver;
+use distlock_api::backend::{AcquireRequest, HANDED_IN_A_ROW};
+use distlock_api::{DistributedLock, LockName};
+use distlock_conformance::given::handoff_round_trips;
+use distlock_conformance::{hosts_of, reroute, Proxy};
+use distlock_redis::{LockExt, LockOptions, RedisConfig, RedisLock};
+
+fn skipped() -> bool {
+    let skip = distlock_conformance::skipped_by_env("redis");
+    if skip {
+        eprintln!("SKIPPING: DISTLOCK_SKIP names redis");
+    }
+    skip
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_between_tasks_of_one_client_is_the_release_alone() {
+    if skipped() {
+        return;
+    }
+    let url = common::redis_url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let client = Arc::new(
+        RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
+            .await
+            .unwrap(),
+    );
+    let name = common::unique("hand-off-trips");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(30));
+    for depth in [1, 3] {
+        let counts = handoff_round_trips(&client, &client, &proxy, &name, &opts, depth, 5).await;
+        // The task that got the lock leaves the channel (its client's pub/sub connection
+        // sends an UNSUBSCRIBE, off the hand-off's path) and the proxy counts that too when it
+        // comes before the count is read; so may a connection's health check. The fewest of
+        // five shows what a hand-off takes (two without the hand-over: the release, then the
+        // task's attempt).
+        assert_eq!(
+            counts.iter().min(),
+            Some(&1),
+            "round trips from release to the waiting task's grant, {depth} waiting: {counts:?}"
+        );
+    }
+}
+
+/// The script itself: a last hold passes with a fresh token and the new owner's lease; a grant
+/// with holds left gives one up and keeps the lock; a grant that no longer holds changes
+/// nothing.
+#[tokio::test]
+async fn the_hand_over_script_passes_only_a_last_hold_and_only_of_a_holding_grant() {
+    if skipped() {
+        return;
+    }
+    let lock = common::client().await;
+    let name = LockName::new(common::unique("hand-over-script")).unwrap();
+    let req = |ttl| AcquireRequest {
+        name: name.clone(),
+        owner: lock.core().next_owner(),
+        ttl,
+    };
+    let first = req(Duration::from_secs(60));
+    let from = lock
+        .attempt(&first)
+        .await
+        .unwrap()
+        .into_grant()
+        .expect("free");
+    let to = req(Duration::from_secs(5));
+    let HandOver::Handed(handed) = lock.hand_over(&from, &to).await.unwrap() else {
+        panic!("a last hold was not handed over");
+    };
+    assert!(handed.token > from.token);
+    assert_eq!(
+        (&handed.owner, handed.hold_count, handed.ttl),
+        (&to.owner, 1, to.ttl)
+    );
+    let info = lock.inspect(&name).await.unwrap().expect("held");
+    assert_eq!(
+        (&info.owner, info.hold_count, info.token),
+        (&to.owner, 1, handed.token)
+    );
+    let left = info.remaining.expect("a lease");
+    assert!(left <= to.ttl && left > Duration::from_secs(3), "{left:?}");
+    // The old grant holds nothing any more.
+    assert!(matches!(
+        lock.hand_over(&from, &req(Duration::from_secs(5)))
+            .await
+            .unwrap(),
+        HandOver::Released(false)
+    ));
+    assert!(!lock.release(&from).await.unwrap());
+    assert!(lock.renew(&from, Duration::from_secs(5)).await.is_err());
+    // A grant with two holds gives one up and keeps the lock.
+    let again = lock
+        .attempt(&to)
+        .await
+        .unwrap()
+        .into_grant()
+        .expect("re-entered");
+    assert_eq!((again.token, again.hold_count), (handed.token, 2));
+    assert!(matches!(
+        lock.hand_over(&handed, &req(Duration::from_secs(5)))
+            .await
+            .unwrap(),
+        HandOver::Released(true)
+    ));
+    let info = lock.inspect(&name).await.unwrap().expect("held");
+    assert_eq!(
+        (&info.owner, info.hold_count, info.token),
+        (&to.owner, 1, handed.token)
+    );
+    assert!(lock.release(&handed).await.unwrap());
+    // A fresh grant after the hand-over gets a greater token still.
+    let next = lock
+        .attempt(&first)
+        .await
+        .unwrap()
+        .into_grant()
+        .expect("free");
+    assert!(next.token > handed.token);
+    assert!(lock.release(&next).await.unwrap());
+}
+
+/// A handle passes a lock to its own tasks at most `HANDED_IN_A_ROW` times in a row; the next
+/// release frees it on the server (as a release does), where another client may take it. Two
+/// tasks of one handle hand the lock back and forth; the proxy's count of requests shows which
+/// releases went to the server as a plain release and which as a hand-over: the plain one is
+/// followed by the waiting task's own attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_passes_a_lock_to_its_own_tasks_only_so_many_times_in_a_row() {
+    if skipped() {
+        return;
+    }
+    let url = common::redis_url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let client = Arc::new(
+        RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
+            .await
+            .unwrap(),
+    );
+    let name = common::unique("in-a-row");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(30));
+    let rounds = 2 * HANDED_IN_A_ROW as usize + 4;
+    // `rounds` tasks queue behind a holder; the lock passes down the line.
+    // After a release that frees the lock, any of them may get it: each hands its guard in.
+    let mut holder = client.lock_with(&name, &opts).await.unwrap();
+    let (granted, mut guards) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..rounds {
+        let (c, name, opts, granted) =
+            (client.clone(), name.clone(), opts.clone(), granted.clone());
+        tokio::spawn(async move {
+            let _ = granted.send(c.lock_with(&name, &opts).await.unwrap());
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut trips = Vec::new();
+    for _ in 0..rounds {
+        let before = proxy.round_trips();
+        let old = holder.token();
+        holder.release().await.unwrap();
+        holder = guards.recv().await.expect("a waiting task was granted");
+        trips.push(proxy.round_trips() - before);
+        assert!(holder.token() > old);
+        // Waiters that a freed lock woke try it and wait again: their requests settle before
+        // the next count.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The last task's grant leaves the channel without waiters: its UNSUBSCRIBE may be counted.
+    trips.pop();
+    holder.release().await.unwrap();
+    let plain: Vec<usize> = trips
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 1)
+        .map(|(i, _)| i)
+        .collect();
+    let every = HANDED_IN_A_ROW as usize + 1;
+    let expected: Vec<usize> = (0..rounds - 1).filter(|i| (i + 1) % every == 0).collect();
+    assert_eq!(
+        plain, expected,
+        "hand-offs that were not the release alone: {trips:?}"
+    );
+}
