@@ -1,6 +1,7 @@
 //! The queue: a contender's entry key under the lock's directory, the oldest entry holding the
 //! lock, and every waiter watching the delete of the entry just before its own.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +21,25 @@ use crate::watches::{Seen, Subscription};
 
 /// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
 pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
+
+/// The most entries the queueing reads back. A waiter that saw every entry older than its own
+/// (a queue at most this deep) and was subscribed to the directory's deletes before it read
+/// them takes its turn when the last of them is deleted, with no further read.
+const QUEUE_READ: i64 = 64;
+
+/// The entries older than a waiter's own, by key, with their create-revisions: complete as of
+/// the waiter's queueing read. Once every one is deleted, its entry is the oldest.
+pub(crate) type Older = HashMap<Vec<u8>, i64>;
+
+/// How a wait on the older entries ended.
+enum AllGone {
+    /// Every older entry is deleted.
+    Yes,
+    /// The subscription fell behind: the count is no longer complete.
+    Lagged,
+    /// The watch broke: neither the count nor the subscription is any good.
+    Broken,
+}
 
 /// The entry a waiter waits on: the next-lower one.
 #[derive(Clone, Debug)]
@@ -134,7 +154,10 @@ impl Shared {
         // queueing, the waiter sees every delete after the queue it reads, and needs no
         // second look at its predecessor before it waits.
         let early = deadline.and_then(|_| self.watches.subscribe_if_live(&self.endpoints, &dir));
-        let (my_rev, pred) = self.enqueue(&key, &dir, lease.id).await?;
+        let (my_rev, pred, older) = self.enqueue(&key, &dir, lease.id).await?;
+        // Every older entry is known, and the subscription made before the read sees each of
+        // their deletes: the waiter can count them down.
+        let older = older.filter(|_| early.is_some());
         let holds = Holds {
             count: 1,
             token: my_rev,
@@ -162,7 +185,7 @@ impl Shared {
                     lease,
                     holds,
                 };
-                self.wait_turn(&turn, pred, deadline, early).await?
+                self.wait_turn(&turn, pred, deadline, early, older).await?
             }
         };
         let Gated { gate, slot, .. } = pending.disarm();
@@ -172,21 +195,29 @@ impl Shared {
     }
 
     /// Creates this client's entry key for the lock (absent keys only), and returns its
-    /// create-revision and the entry just before it, if any.
+    /// create-revision, the entry just before it, if any, and every entry older than it when
+    /// the queue is at most [`QUEUE_READ`] deep.
     pub(crate) async fn enqueue(
         &self,
         key: &str,
         dir: &str,
         lease_id: i64,
-    ) -> Result<(i64, Option<Pred>)> {
+    ) -> Result<(i64, Option<Pred>, Option<Older>)> {
         for _ in 0..3 {
-            // Our put is the newest write, so the two newest entries are ours and the one we
-            // queue behind.
+            // Our put is the newest write, so the newest entry is ours, the next the one we
+            // queue behind, and the rest older still.
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then([
                     put_count(key, 1, lease_id),
-                    TxnOp::get(dir, Some(entries(SortOrder::Descend).with_limit(2))),
+                    TxnOp::get(
+                        dir,
+                        Some(
+                            entries(SortOrder::Descend)
+                                .with_limit(QUEUE_READ)
+                                .with_keys_only(),
+                        ),
+                    ),
                 ])
                 .or_else([TxnOp::get(key, None)]);
             let resp = self.txn("queueing", txn).await?;
@@ -203,8 +234,15 @@ impl Shared {
                     })?;
                 // The read counts every entry of the lock: two means the one before ours is
                 // the oldest.
-                let pred = Pred::from_read(kvs.get(1), range_count(&resp, 1)? == 2);
-                return Ok((mine.create_revision(), pred));
+                let count = range_count(&resp, 1)?;
+                let pred = Pred::from_read(kvs.get(1), count == 2);
+                let older = (usize::try_from(count).ok() == Some(kvs.len())).then(|| {
+                    kvs[1..]
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+                        .collect()
+                });
+                return Ok((mine.create_revision(), pred, older));
             }
             // The key exists though no acquire, hold or cleanup of ours uses it (a request
             // that timed out but was applied after all): clear it and queue afresh.
@@ -233,15 +271,20 @@ impl Shared {
         first: Pred,
         deadline: Instant,
         early: Option<Subscription>,
+        older: Option<Older>,
     ) -> Result<Grant> {
         let known = Mutex::new(Some(first));
+        // Every entry older than ours, while the subscription has seen every delete since the
+        // read that listed them: counted down, they say when ours is the oldest.
+        let older = Mutex::new(older);
         let target = Mutex::new(None::<Pred>);
         // Set when the predecessor held the lock and is gone: this entry is the oldest now.
         let first_now = AtomicBool::new(false);
         // The subscription to the directory's deletes, kept from one wait to the next: made
         // before the last read of the queue, it misses no delete that read did not see.
         let subscription = Mutex::new(early);
-        let (known, target, first_now, subscription) = (&known, &target, &first_now, &subscription);
+        let (known, target, first_now, subscription, older) =
+            (&known, &target, &first_now, &subscription, &older);
         wait::notified(
             deadline,
             move || async move {
@@ -269,6 +312,31 @@ impl Shared {
                 let pred = lock(target).take();
                 if let Some(pred) = pred {
                     let mut sub = lock(subscription).take();
+                    let mut counting = lock(older).take().filter(|_| sub.is_some());
+                    if let (Some(set), Some(events)) = (&mut counting, &mut sub) {
+                        // Our own entry goes with the lease: then there is nothing left to
+                        // wait for.
+                        let woken = async {
+                            tokio::select! {
+                                gone = self.wait_all_gone(set, events) => Some(gone),
+                                _ = self.lease.gone(turn.lease.id) => None,
+                            }
+                        };
+                        match tokio::time::timeout(max, woken).await {
+                            Ok(Some(AllGone::Yes)) => first_now.store(true, Ordering::SeqCst),
+                            // Fell behind or broke: back to watching the predecessor, after a
+                            // read of the queue.
+                            Ok(Some(AllGone::Lagged)) => counting = None,
+                            Ok(Some(AllGone::Broken)) => {
+                                (counting, sub) = (None, None);
+                                tokio::time::sleep(WATCH_RETRY).await;
+                            }
+                            Ok(None) | Err(_) => {}
+                        }
+                        *lock(older) = counting;
+                        *lock(subscription) = sub;
+                        return;
+                    }
                     // Our own entry goes with the lease: then there is nothing left to wait for.
                     let woken = async {
                         tokio::select! {
@@ -289,6 +357,29 @@ impl Shared {
             },
         )
         .await
+    }
+
+    /// Counts `older` down by the deletes `events` sees (a delete at an entry's key after its
+    /// creation); returns when none is left, or when the subscription fell behind or broke
+    /// (the endpoint reported).
+    async fn wait_all_gone(&self, older: &mut Older, events: &mut Subscription) -> AllGone {
+        loop {
+            if older.is_empty() {
+                return AllGone::Yes;
+            }
+            match events.events.recv().await {
+                Ok(Seen::Deleted { key, rev }) => {
+                    if older.get(&key).is_some_and(|&created| rev > created) {
+                        older.remove(&key);
+                    }
+                }
+                Ok(Seen::Broken) | Err(RecvError::Closed) => {
+                    self.endpoints.failed(events.endpoint);
+                    return AllGone::Broken;
+                }
+                Err(RecvError::Lagged(_)) => return AllGone::Lagged,
+            }
+        }
     }
 
     /// The entry just before `turn`'s, if `turn`'s entry still exists; an error if not.

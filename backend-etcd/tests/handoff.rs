@@ -278,6 +278,64 @@ async fn a_waiter_right_behind_another_clients_holder_takes_over_on_the_delete_e
     );
 }
 
+/// A waiter two places back, behind another client's waiter (not the holder) and with its own
+/// client's watch of the lock live when it queued: it counts down the entries older than its
+/// own as their deletes arrive, and when the last goes it takes its turn without reading the
+/// queue again: nothing sent between the release before it and its grant. (Its first wait,
+/// before its client watches the lock, reads the queue once after the delete.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_another_clients_waiter_takes_its_turn_when_every_older_entry_is_gone() {
+    if common::skip() {
+        return;
+    }
+    let (proxy, proxied) = behind_proxy().await;
+    let waiting = Arc::new(
+        EtcdLock::connect(distlock_etcd::EtcdConfig::from_url(&proxied).unwrap())
+            .await
+            .unwrap(),
+    );
+    let (holding, between) = (client().await, client().await);
+    let name = common::unique("counted-down");
+    let mut counts = Vec::new();
+    for round in 0..4 {
+        let held = holding.lock_with(&name, &waiter_options()).await.unwrap();
+        let first = tokio::spawn({
+            let (between, name) = (between.clone(), name.clone());
+            async move { between.lock_with(&name, &waiter_options()).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let second = tokio::spawn({
+            let (waiting, name) = (waiting.clone(), name.clone());
+            async move { waiting.lock_with(&name, &waiter_options()).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !first.is_finished() && !second.is_finished(),
+            "round {round}"
+        );
+        let token = held.token();
+        assert!(held.release().await.unwrap());
+        let first = first.await.unwrap();
+        assert!(first.token() > token);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished(), "round {round}: granted while held");
+        let before = proxy.round_trips();
+        let token = first.token();
+        assert!(first.release().await.unwrap());
+        let second = second.await.unwrap();
+        counts.push(proxy.round_trips() - before);
+        assert!(second.token() > token);
+        assert!(second.release().await.unwrap());
+    }
+    // From the second round the waiting client's watch of the lock outlives each wait (it
+    // lingers for 10 s), so its waiter subscribes before it queues.
+    assert_eq!(
+        counts[1..].iter().min(),
+        Some(&0),
+        "the waiter's round trips from the release before it to its grant, per round: {counts:?}"
+    );
+}
+
 fn waiter_options() -> distlock_etcd::LockOptions {
     distlock_etcd::LockOptions::new().wait(Duration::from_secs(10))
 }

@@ -781,6 +781,36 @@ async fn operation_timeout_test() {
         info.is_none(),
         "the try_lock that timed out during the pause holds {free_name}: {info:?}"
     );
+    // Nor an open transaction: the grant's statements went out as one request, which the
+    // stopped server had not read when the client gave up on it and closed the connection, so
+    // the server either ran it whole later (a grant, given back above) or not at all; what a
+    // half-read batch left open ends with its connection. No transaction has been open for a
+    // second by the time the server has had a few seconds to run.
+    let mut raw = {
+        use sqlx::Connection;
+        let options = client_config(&server, "inspector", PAUSED_TTL).connect_options();
+        sqlx::MySqlConnection::connect_with(&options)
+            .await
+            .expect("a raw connection to the private server")
+    };
+    let mut open = i64::MAX;
+    for _ in 0..30 {
+        open = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx \
+             WHERE trx_started < NOW() - INTERVAL 1 SECOND",
+        )
+        .fetch_one(&mut raw)
+        .await
+        .expect("reading innodb_trx");
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        open, 0,
+        "transactions left open by the calls cut off by the pause"
+    );
     // The guard reported lost cannot claim its lock back.
     let late = bounded("the late release", limit * 2, kept.release()).await;
     eprintln!("the lost guard's release after SIGCONT answered {late:?}");

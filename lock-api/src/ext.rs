@@ -497,6 +497,38 @@ async fn offering(
     }
 }
 
+/// A polling waiter's wait for its turn to poll ([`LocalWaiter::turn`]); on a backend that
+/// hands locks over, the waiter offers meanwhile to take the lock from a release through its
+/// handle, and a lock handed over ends the wait (`Err`).
+async fn turn_or_handed(
+    this: &Arc<dyn DistributedLock>,
+    local: &LocalWaiter<'_>,
+    req: &AcquireRequest,
+    deadline: Instant,
+) -> std::result::Result<Option<tokio::sync::OwnedSemaphorePermit>, Handed> {
+    let turn = local.turn(deadline);
+    if !this.hands_over() {
+        return Ok(turn.await);
+    }
+    tokio::pin!(turn);
+    loop {
+        let mut offered = local.offer(req);
+        tokio::select! {
+            handed = offered.handed() => match handed {
+                Some(handed) => return Err(handed),
+                // The release that took the offer up passed nothing on: offer again.
+                None => continue,
+            },
+            turn = &mut turn => {
+                return match offered.withdraw().await {
+                    Some(handed) => Err(handed),
+                    None => Ok(turn),
+                };
+            }
+        }
+    }
+}
+
 /// Waits up to `wait` for `req`'s lock the way the backend says
 /// ([`DistributedLock::waiting`]): attempts with backoff, attempts woken by the server's
 /// notices, or the backend's own queue.
@@ -514,8 +546,14 @@ async fn acquire_waiting(
             // attempt is in flight is not missed).
             let local = this.core().wakes().waiter(&req.name);
             // One waiter of this handle polls for the name; the rest queue here, FIFO, and send
-            // nothing. A queued waiter whose bound runs out makes the one last attempt.
-            let Some(_turn) = local.turn(deadline).await else {
+            // nothing (on a backend that hands locks over, a release of the handle may hand
+            // the lock to one of them). A queued waiter whose bound runs out makes the one last
+            // attempt.
+            let turn = match turn_or_handed(this, &local, req, deadline).await {
+                Ok(turn) => turn,
+                Err(handed) => return Ok(handed.into_grant()),
+            };
+            let Some(_turn) = turn else {
                 return match attempt_once(this, req).await? {
                     Attempt::Granted(g) => Ok(g),
                     Attempt::Held { .. } => Err(wait::timeout(wait)),

@@ -145,13 +145,15 @@ impl PrivateMariadb {
         }
         server.install_took = started.elapsed();
         // The test user and database, created by the server itself at start (idempotent, so
-        // a restart may run it again).
+        // a restart may run it again). The user may also see every connection's transactions
+        // (`information_schema.innodb_trx`), which tests read to find any left open.
         std::fs::write(
             server.dir.join("init.sql"),
             format!(
                 "CREATE DATABASE IF NOT EXISTS `{DATABASE}`;\n\
                  CREATE USER IF NOT EXISTS '{USER}'@'127.0.0.1' IDENTIFIED BY '{pw}';\n\
-                 GRANT ALL PRIVILEGES ON `{DATABASE}`.* TO '{USER}'@'127.0.0.1';\n",
+                 GRANT ALL PRIVILEGES ON `{DATABASE}`.* TO '{USER}'@'127.0.0.1';\n\
+                 GRANT PROCESS ON *.* TO '{USER}'@'127.0.0.1';\n",
                 pw = server.password
             ),
         )

@@ -159,6 +159,7 @@ cases! {
     guard_dropped_on_a_plain_thread_frees_the_lock: always,
     a_task_granted_at_its_handles_release_holds_its_own_lease: per_lock_ttl,
     a_task_leaving_as_its_handle_releases_leaves_the_lock_free: always,
+    a_guard_dropped_on_a_plain_thread_passes_the_lock_to_a_waiting_task: always,
     an_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
     an_explicit_owners_acquire_whose_reply_is_lost_is_given_back: remote_per_lock_ttl,
     a_lost_reentry_is_given_back_and_the_live_hold_kept: remote_reentrant_per_lock_ttl,

@@ -394,3 +394,56 @@ pub(crate) async fn a_task_leaving_as_its_handle_releases_leaves_the_lock_free(c
         assert!(g2.release().await.unwrap());
     }
 }
+
+/// A holder's guard dropped on a plain thread (no runtime there) while a task of the same
+/// handle waits: the drop's release reaches the waiting task, which gets the lock as its own
+/// owner with a greater token, long before the holder's lease could end; another client is
+/// excluded until the task lets go. (On a backend that hands the lock over, the dropped guard's
+/// release is the hand-over; on a queue, the task is next in it.)
+pub(crate) async fn a_guard_dropped_on_a_plain_thread_passes_the_lock_to_a_waiting_task(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("thread-handoff");
+    let opts = if a.capabilities().per_lock_ttl() {
+        LockOptions::new().ttl(Duration::from_secs(120))
+    } else {
+        LockOptions::new()
+    }
+    .wait(LONG_WAIT);
+    for round in 0..3 {
+        let g = a.try_lock_with(&name, &opts).await.unwrap().expect("free");
+        let (owner, token) = (g.owner().clone(), g.token());
+        let waiter = tokio::spawn({
+            let (a, name, opts) = (a.clone(), name.clone(), opts.clone());
+            async move { a.lock_with(&name, &opts).await }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!waiter.is_finished(), "round {round}: granted while held");
+        let started = Instant::now();
+        std::thread::spawn(move || drop(g)).join().unwrap();
+        let g2 = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the dropped guard never let go"))
+            .unwrap()
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "round {round}: passed on only after {:?}",
+            started.elapsed()
+        );
+        assert_ne!(g2.owner(), &owner);
+        if a.capabilities().fencing_tokens() {
+            assert!(
+                g2.token() > token,
+                "round {round}: {:?} after {token:?}",
+                g2.token()
+            );
+        }
+        assert!(
+            b.try_lock(&name).await.unwrap().is_none(),
+            "round {round}: another client got the task's lock"
+        );
+        let seen = b.holder(&name).await.unwrap().expect("held by the task");
+        assert_eq!((&seen.owner, seen.token), (g2.owner(), g2.token()));
+        assert!(g2.release().await.unwrap());
+    }
+}
