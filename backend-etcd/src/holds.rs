@@ -3,7 +3,6 @@
 //! that runs when such an operation stops half-way, and releasing, renewing and inspecting.
 
 use std::collections::HashMap;
-use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,30 +48,7 @@ const REMEMBER_RELEASED: usize = 256;
 /// therefore the holder once it is gone. So a waiter of this client whose predecessor is one of
 /// these takes its turn at the delete event without reading the queue again: a hand-off between
 /// tasks of one client costs the release's request alone.
-#[derive(Default)]
-pub(crate) struct Released {
-    set: HashSet<(Vec<u8>, i64)>,
-    order: VecDeque<(Vec<u8>, i64)>,
-}
-
-impl Released {
-    /// The granted entry `key` with create-revision `rev` is being deleted by its release.
-    pub(crate) fn insert(&mut self, key: &[u8], rev: i64) {
-        if self.order.len() >= REMEMBER_RELEASED {
-            if let Some(oldest) = self.order.pop_front() {
-                self.set.remove(&oldest);
-            }
-        }
-        if self.set.insert((key.to_vec(), rev)) {
-            self.order.push_back((key.to_vec(), rev));
-        }
-    }
-
-    /// Whether the entry `key` with create-revision `rev` is one of those remembered.
-    pub(crate) fn contains(&self, key: &[u8], rev: i64) -> bool {
-        self.set.contains(&(key.to_vec(), rev))
-    }
-}
+pub(crate) type Released = distlock_api::backend::Recent<(Vec<u8>, i64), (), REMEMBER_RELEASED>;
 
 /// The local state of one entry key (one name, one owner, one lease).
 #[derive(Default)]
@@ -347,7 +323,7 @@ impl Shared {
             return Ok(resp.succeeded());
         }
         slot.set(Holds::default());
-        lock(&self.released).insert(key.as_bytes(), held.token);
+        lock(&self.released).insert((key.as_bytes().to_vec(), held.token), ());
         // If the delete fails, the repair keeps trying in the background: an orphaned key of
         // a live lease would block the lock for as long as this client lives.
         let pending = Gated::armed(slot, gate, Repair::Delete);

@@ -349,7 +349,11 @@ impl Shared {
                     // Gone, and it held the lock (it was the oldest when read, or this client
                     // was granted it): ours is the oldest now.
                     if let Ok(true) = woken {
-                        if pred.oldest || lock(&self.released).contains(&pred.key, pred.rev) {
+                        if pred.oldest
+                            || lock(&self.released)
+                                .get(&(pred.key.clone(), pred.rev))
+                                .is_some()
+                        {
                             first_now.store(true, Ordering::SeqCst);
                         }
                     }

@@ -205,7 +205,7 @@ impl DistributedLock for ZkLock {
             // The hold record is gone already, so nothing else would ever delete the node: a
             // delete that fails goes on in the background (and the caller hears of the failure).
             Step::Delete => {
-                lock(&self.inner.released).insert(&grant.key, Instant::now());
+                lock(&self.inner.released).insert(grant.key.clone(), Instant::now());
                 match delete_reported(&s, &grant.key).await {
                     Deleted::Yes => Ok(true),
                     Deleted::Absent | Deleted::SessionEnded => Ok(false),

@@ -2,7 +2,7 @@
 //! stands for the hold and how many holds it counts; and the checks a renewal makes against
 //! them before (and after) asking the server.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -56,30 +56,7 @@ const REMEMBER_RELEASED: usize = 256;
 /// listing the queue again: a hand-off between tasks of one client costs the release's request
 /// alone. The session was live at the server when it took that delete, which is after the
 /// moment kept here: the grant's lease is counted from it.
-#[derive(Default)]
-pub(crate) struct Released {
-    at: HashMap<String, Instant>,
-    order: VecDeque<String>,
-}
-
-impl Released {
-    /// `path`, a granted node, is being deleted by its release, sent `at`.
-    pub(crate) fn insert(&mut self, path: &str, at: Instant) {
-        if self.order.len() >= REMEMBER_RELEASED {
-            if let Some(oldest) = self.order.pop_front() {
-                self.at.remove(&oldest);
-            }
-        }
-        if self.at.insert(path.to_string(), at).is_none() {
-            self.order.push_back(path.to_string());
-        }
-    }
-
-    /// When the release of `path` was sent, if it is one of the nodes remembered.
-    pub(crate) fn sent(&self, path: &str) -> Option<Instant> {
-        self.at.get(path).copied()
-    }
-}
+pub(crate) type Released = distlock_api::backend::Recent<String, Instant, REMEMBER_RELEASED>;
 
 /// What a queue node holds: who it belongs to and how many holds it stands for, so that any
 /// client can `inspect` it.

@@ -122,7 +122,7 @@ impl Inner {
             // release's, or our watch's while that is recent (else the queue is listed).
             let deleted = event.is_some_and(|e| e.event_type == zk::EventType::NodeDeleted);
             let turn = deleted
-                .then(|| lock(&self.released).sent(&predecessor))
+                .then(|| lock(&self.released).get(&predecessor).copied())
                 .flatten();
             let turn = turn.or_else(|| {
                 (deleted && position == 1 && watched.elapsed() < s.timeout / 3).then_some(watched)

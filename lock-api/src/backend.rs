@@ -20,8 +20,11 @@ pub use crate::wakes::HANDED_IN_A_ROW;
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;
 
+mod recent;
 pub mod testing;
 pub mod wait;
+
+pub use recent::Recent;
 
 /// Makes sure rustls has a process-wide crypto provider before a driver builds a TLS config
 /// with it: ring's, unless the application installed one of its own (which is kept). rustls
