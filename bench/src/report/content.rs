@@ -311,7 +311,8 @@ fn speed_goals(r: &Results) -> Vec<String> {
                 if let Some(n) = h.server_requests_per_grant {
                     parts.push(format!(
                         "it received {n:.1} requests per grant (the queueing, the release, \
-                         and a queue read when a waiter's predecessor was not the holder)"
+                         and a queue read when a waiter could not count down the entries older \
+                         than its own: its client's watch of the lock began after it queued)"
                     ));
                 }
                 if let Some(busy) = h.cpu_busy {
