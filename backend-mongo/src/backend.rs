@@ -676,7 +676,7 @@ impl DistributedLock for MongoLock {
         true
     }
 
-    /// One `findAndModify` ([`commands::hand_over_pipeline`]) when `from` still holds the lock,
+    /// One `findAndModify` (built by `commands::hand_over_pipeline`) when `from` still holds the lock,
     /// whether its last hold passes on or one of several is given up; a `from` that no longer
     /// holds costs the tidy-up a release would send too. The owner never becomes `null`, so
     /// the change stream tells other clients' waiters nothing: the lock never came free.

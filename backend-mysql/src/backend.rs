@@ -301,7 +301,7 @@ impl DistributedLock for MysqlLock {
     /// bumped as for a fresh grant and the row passed to `to.owner` if `from` holds it live
     /// with its last hold; one hold taken away if it has several; nothing changed if it holds
     /// none. The name stays held throughout, so other clients' waiters are not told anything
-    /// (see [`Inner::hand_over`] for the release signal).
+    /// (what becomes of the release signal is told at `Inner::hand_over`).
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
         self.inner.hand_over(from, to).await
     }

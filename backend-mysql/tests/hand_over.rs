@@ -16,13 +16,11 @@ use std::time::{Duration, Instant};
 use common::PrivateTables;
 use distlock_api::backend::wait::HandOver;
 use distlock_api::backend::AcquireRequest;
-use distlock_api::Grant;
 use distlock_conformance::given::handoff_round_trips;
+use distlock_conformance::hand_over::{self, granted, request};
 use distlock_conformance::{hosts_of, reroute, Proxy};
 use distlock_mysql::sqlx::{self, MySqlConnection};
-use distlock_mysql::{
-    DistributedLock, ErrorKind, LockExt, LockInfo, LockName, LockOptions, MysqlConfig, MysqlLock,
-};
+use distlock_mysql::{DistributedLock, LockExt, LockName, LockOptions, MysqlConfig, MysqlLock};
 
 async fn connect(config: MysqlConfig) -> Arc<MysqlLock> {
     Arc::new(MysqlLock::connect(config).await.unwrap_or_else(|e| {
@@ -30,30 +28,13 @@ async fn connect(config: MysqlConfig) -> Arc<MysqlLock> {
     }))
 }
 
-/// A request for `name` under a fresh owner id of `lock`'s.
-fn request(lock: &MysqlLock, name: &LockName, ttl: Duration) -> AcquireRequest {
-    AcquireRequest::new(name.clone(), lock.core().next_owner(), ttl).unwrap()
-}
-
-async fn granted(lock: &MysqlLock, req: &AcquireRequest) -> Grant {
-    lock.attempt(req)
-        .await
-        .unwrap()
-        .into_grant()
-        .expect("the name is free")
-}
-
-async fn held(lock: &MysqlLock, name: &LockName) -> LockInfo {
-    lock.inspect(name).await.unwrap().expect("the name is held")
-}
-
 fn lock_name(tag: &str) -> LockName {
     LockName::new(format!("ho-{tag}-{}", std::process::id())).unwrap()
 }
 
 /// A last hold passes to the waiter's owner with the next token, hold count 1 and the waiter's
-/// own lease (shorter or longer than the releasing grant's), judged from the request's send;
-/// the old grant holds nothing any more and the new one is a grant like any other.
+/// own lease; the old grant holds nothing any more and the new one is a grant like any other
+/// ([`hand_over::a_last_hold_passes`]); the counter holds the last token issued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_hold_passes_with_the_next_token_and_the_waiters_lease() {
     if common::skipped() {
@@ -62,62 +43,17 @@ async fn a_last_hold_passes_with_the_next_token_and_the_waiters_lease() {
     let tables = PrivateTables::new("ho_last");
     let lock = connect(tables.config()).await;
     let name = lock_name("last");
-    let mut from = granted(&lock, &request(&lock, &name, Duration::from_secs(20))).await;
-    for ttl in [Duration::from_secs(5), Duration::from_secs(60)] {
-        let to = request(&lock, &name, ttl);
-        let counter = tables.fencing_value(name.as_str()).await;
-        let before = Instant::now();
-        let HandOver::Handed(g) = lock.hand_over(&from, &to).await.unwrap() else {
-            panic!("a last hold was not handed over");
-        };
-        assert!(g.token > from.token, "{:?} after {:?}", g.token, from.token);
-        assert_eq!(
-            g.token.0,
-            counter + 1,
-            "the counter's next value, none burned"
-        );
-        assert_eq!(tables.fencing_value(name.as_str()).await, g.token.0);
-        assert_eq!(
-            (&g.name, &g.owner, g.hold_count, g.ttl),
-            (&name, &to.owner, 1, ttl)
-        );
-        assert!(g.sent_at >= before && g.sent_at <= Instant::now());
-        let info = held(&lock, &name).await;
-        assert_eq!(
-            (&info.owner, info.hold_count, info.token),
-            (&to.owner, 1, g.token)
-        );
-        let left = info.remaining.expect("a lease");
-        assert!(
-            left <= ttl && left + Duration::from_secs(2) > ttl,
-            "{left:?} left of a {ttl:?} lease"
-        );
-        // The old grant: nothing to release, renew or hand over.
-        assert!(!lock.release(&from).await.unwrap());
-        let renewed = lock.renew(&from, Duration::from_secs(5)).await;
-        assert_eq!(renewed.map_err(|e| e.kind()), Err(ErrorKind::Lost));
-        let again = lock
-            .hand_over(&from, &request(&lock, &name, ttl))
-            .await
-            .unwrap();
-        assert!(matches!(again, HandOver::Released(false)), "{again:?}");
-        assert_eq!(held(&lock, &name).await.token, g.token, "nothing changed");
-        // The new one renews like any grant.
-        lock.renew(&g, Duration::from_secs(30)).await.unwrap();
-        from = g;
-    }
-    // The last new grant releases, and the next fresh grant's token is greater still.
-    assert!(lock.release(&from).await.unwrap());
-    assert!(lock.inspect(&name).await.unwrap().is_none());
-    let next = granted(&lock, &request(&lock, &name, Duration::from_secs(5))).await;
-    assert_eq!(next.token.0, from.token.0 + 1);
-    assert!(lock.release(&next).await.unwrap());
+    hand_over::a_last_hold_passes(&*lock, &name).await;
+    let last = granted(&*lock, &request(&*lock, &name, Duration::from_secs(5))).await;
+    assert_eq!(tables.fencing_value(name.as_str()).await, last.token.0);
+    assert!(lock.release(&last).await.unwrap());
     tables.drop_all().await;
 }
 
-/// A grant with two holds gives one up and keeps the lock, token and all; a grant that no
-/// longer holds (a wrong token, or expired and taken over by another client) changes nothing.
-/// Neither issues a token.
+/// A grant with two holds gives one up and keeps the lock; a grant that no longer holds
+/// changes nothing and issues no token ([`hand_over::only_a_last_hold_of_a_holding_grant_passes`]).
+/// An expired grant's row, not taken over, is cleared by its hand-over as its release would
+/// clear it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_last_hold_of_a_holding_grant_passes() {
     if common::skipped() {
@@ -127,66 +63,9 @@ async fn only_a_last_hold_of_a_holding_grant_passes() {
     let lock = connect(tables.config()).await;
     let other = connect(tables.config()).await;
     let name = lock_name("only");
-    let first = request(&lock, &name, Duration::from_secs(30));
-    let from = granted(&lock, &first).await;
-    let twice = granted(&lock, &first).await;
-    assert_eq!((twice.token, twice.hold_count), (from.token, 2));
-    let counter = tables.fencing_value(name.as_str()).await;
-
-    let to = request(&lock, &name, Duration::from_secs(5));
-    let kept = lock.hand_over(&twice, &to).await.unwrap();
-    assert!(matches!(kept, HandOver::Released(true)), "{kept:?}");
-    let info = held(&lock, &name).await;
-    assert_eq!(
-        (&info.owner, info.hold_count, info.token),
-        (&first.owner, 1, from.token)
-    );
-    assert!(
-        info.remaining.unwrap() > Duration::from_secs(20),
-        "lease kept"
-    );
-
-    // A wrong token: nothing changes.
-    let mut wrong = from.clone();
-    wrong.token.0 += 1;
-    let stale = lock.hand_over(&wrong, &to).await.unwrap();
-    assert!(matches!(stale, HandOver::Released(false)), "{stale:?}");
-    let info = held(&lock, &name).await;
-    assert_eq!(
-        (&info.owner, info.hold_count, info.token),
-        (&first.owner, 1, from.token)
-    );
-    assert_eq!(
-        tables.fencing_value(name.as_str()).await,
-        counter,
-        "no token issued"
-    );
-    assert!(lock.release(&from).await.unwrap());
-
-    // Expired and taken over by another client: nothing changes.
-    let short = granted(&lock, &request(&lock, &name, Duration::from_millis(200))).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let taker = request(&other, &name, Duration::from_secs(30));
-    let taken = granted(&other, &taker).await;
-    assert!(taken.token > short.token);
-    let stale = lock.hand_over(&short, &to).await.unwrap();
-    assert!(matches!(stale, HandOver::Released(false)), "{stale:?}");
-    let info = held(&lock, &name).await;
-    assert_eq!(
-        (&info.owner, info.hold_count, info.token),
-        (&taker.owner, 1, taken.token)
-    );
-    assert_eq!(tables.fencing_value(name.as_str()).await, taken.token.0);
-    assert!(other.release(&taken).await.unwrap());
-
-    // Expired and not taken over: not held either (and its row is cleared, as its release
-    // would clear it).
-    let short = granted(&lock, &request(&lock, &name, Duration::from_millis(200))).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let stale = lock.hand_over(&short, &to).await.unwrap();
-    assert!(matches!(stale, HandOver::Released(false)), "{stale:?}");
-    assert!(lock.inspect(&name).await.unwrap().is_none());
-    assert_eq!(tables.fencing_value(name.as_str()).await, short.token.0);
+    let expired =
+        hand_over::only_a_last_hold_of_a_holding_grant_passes(&*lock, &*other, &name).await;
+    assert_eq!(tables.fencing_value(name.as_str()).await, expired.token.0);
     let mut raw = tables.raw().await;
     let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT COUNT(*) FROM `{}` WHERE name = ?",
@@ -197,6 +76,7 @@ async fn only_a_last_hold_of_a_holding_grant_passes() {
     .await
     .unwrap();
     assert_eq!(rows, 0, "the expired grant's row is cleared");
+    hand_over::next_grant_follows(&*lock, &name, &expired).await;
     tables.drop_all().await;
 }
 
@@ -229,31 +109,31 @@ async fn a_hand_over_is_one_request() {
     let name = lock_name("trips");
     let ttl = Duration::from_secs(60);
     // Warm up: both pools' connections open.
-    let g = granted(&lock, &request(&lock, &name, ttl)).await;
+    let g = granted(&*lock, &request(&*lock, &name, ttl)).await;
     let HandOver::Handed(g) = lock
-        .hand_over(&g, &request(&lock, &name, ttl))
+        .hand_over(&g, &request(&*lock, &name, ttl))
         .await
         .unwrap()
     else {
         panic!("not handed over");
     };
 
-    let (done, n) = trips(&proxy, lock.hand_over(&g, &request(&lock, &name, ttl))).await;
+    let (done, n) = trips(&proxy, lock.hand_over(&g, &request(&*lock, &name, ttl))).await;
     let HandOver::Handed(h) = done.unwrap() else {
         panic!("not handed over");
     };
     assert_eq!(n, 1, "a hand-over of a last hold is one request");
     assert_eq!(h.token.0, g.token.0 + 1);
     let again = granted(
-        &lock,
+        &*lock,
         &AcquireRequest::new(name.clone(), h.owner.clone(), ttl).unwrap(),
     )
     .await;
     assert_eq!(again.hold_count, 2);
-    let (done, n) = trips(&proxy, lock.hand_over(&again, &request(&lock, &name, ttl))).await;
+    let (done, n) = trips(&proxy, lock.hand_over(&again, &request(&*lock, &name, ttl))).await;
     assert!(matches!(done.unwrap(), HandOver::Released(true)));
     assert_eq!(n, 1, "one hold of several given up is one request");
-    let (done, n) = trips(&proxy, lock.hand_over(&g, &request(&lock, &name, ttl))).await;
+    let (done, n) = trips(&proxy, lock.hand_over(&g, &request(&*lock, &name, ttl))).await;
     assert!(matches!(done.unwrap(), HandOver::Released(false)));
     assert_eq!(n, 1, "a grant that no longer holds is one request");
     assert!(lock.release(&h).await.unwrap());
@@ -296,7 +176,7 @@ async fn a_hand_over_keeps_the_release_signal_for_the_new_grant() {
     let waiter = connect(tables.config().backoff(slow, slow)).await;
     let name = lock_name("signal");
     let companion = lock.signal_name(&name).unwrap();
-    let from = granted(&lock, &request(&lock, &name, Duration::from_secs(120))).await;
+    let from = granted(&*lock, &request(&*lock, &name, Duration::from_secs(120))).await;
     let until = Instant::now() + Duration::from_secs(5);
     while is_free(&mut raw, &companion).await {
         assert!(Instant::now() < until, "the companion lock was never taken");
@@ -309,7 +189,7 @@ async fn a_hand_over_keeps_the_release_signal_for_the_new_grant() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!task.is_finished(), "granted while held");
 
-    let to = request(&lock, &name, Duration::from_secs(120));
+    let to = request(&*lock, &name, Duration::from_secs(120));
     let HandOver::Handed(g) = lock.hand_over(&from, &to).await.unwrap() else {
         panic!("not handed over");
     };

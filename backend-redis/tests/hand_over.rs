@@ -8,10 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::backend::wait::HandOver;
-use distlock_api::backend::{AcquireRequest, HANDED_IN_A_ROW};
-use distlock_api::{DistributedLock, LockName};
+use distlock_api::backend::HANDED_IN_A_ROW;
+use distlock_api::LockName;
 use distlock_conformance::given::handoff_round_trips;
+use distlock_conformance::hand_over;
 use distlock_conformance::{hosts_of, reroute, Proxy};
 use distlock_redis::{LockExt, LockOptions, RedisConfig, RedisLock};
 
@@ -56,82 +56,21 @@ async fn a_hand_off_between_tasks_of_one_client_is_the_release_alone() {
     }
 }
 
-/// The script itself: a last hold passes with a fresh token and the new owner's lease; a grant
-/// with holds left gives one up and keeps the lock; a grant that no longer holds changes
-/// nothing.
+/// The script itself: a last hold passes with the next token and the new owner's lease
+/// ([`hand_over::a_last_hold_passes`]); a grant with holds left gives one up and keeps the
+/// lock, and a grant that no longer holds changes nothing
+/// ([`hand_over::only_a_last_hold_of_a_holding_grant_passes`]).
 #[tokio::test]
 async fn the_hand_over_script_passes_only_a_last_hold_and_only_of_a_holding_grant() {
     if skipped() {
         return;
     }
-    let lock = common::client().await;
+    let (lock, other) = (common::client().await, common::client().await);
     let name = LockName::new(common::unique("hand-over-script")).unwrap();
-    let req = |ttl| AcquireRequest {
-        name: name.clone(),
-        owner: lock.core().next_owner(),
-        ttl,
-    };
-    let first = req(Duration::from_secs(60));
-    let from = lock
-        .attempt(&first)
-        .await
-        .unwrap()
-        .into_grant()
-        .expect("free");
-    let to = req(Duration::from_secs(5));
-    let HandOver::Handed(handed) = lock.hand_over(&from, &to).await.unwrap() else {
-        panic!("a last hold was not handed over");
-    };
-    assert!(handed.token > from.token);
-    assert_eq!(
-        (&handed.owner, handed.hold_count, handed.ttl),
-        (&to.owner, 1, to.ttl)
-    );
-    let info = lock.inspect(&name).await.unwrap().expect("held");
-    assert_eq!(
-        (&info.owner, info.hold_count, info.token),
-        (&to.owner, 1, handed.token)
-    );
-    let left = info.remaining.expect("a lease");
-    assert!(left <= to.ttl && left > Duration::from_secs(3), "{left:?}");
-    // The old grant holds nothing any more.
-    assert!(matches!(
-        lock.hand_over(&from, &req(Duration::from_secs(5)))
-            .await
-            .unwrap(),
-        HandOver::Released(false)
-    ));
-    assert!(!lock.release(&from).await.unwrap());
-    assert!(lock.renew(&from, Duration::from_secs(5)).await.is_err());
-    // A grant with two holds gives one up and keeps the lock.
-    let again = lock
-        .attempt(&to)
-        .await
-        .unwrap()
-        .into_grant()
-        .expect("re-entered");
-    assert_eq!((again.token, again.hold_count), (handed.token, 2));
-    assert!(matches!(
-        lock.hand_over(&handed, &req(Duration::from_secs(5)))
-            .await
-            .unwrap(),
-        HandOver::Released(true)
-    ));
-    let info = lock.inspect(&name).await.unwrap().expect("held");
-    assert_eq!(
-        (&info.owner, info.hold_count, info.token),
-        (&to.owner, 1, handed.token)
-    );
-    assert!(lock.release(&handed).await.unwrap());
-    // A fresh grant after the hand-over gets a greater token still.
-    let next = lock
-        .attempt(&first)
-        .await
-        .unwrap()
-        .into_grant()
-        .expect("free");
-    assert!(next.token > handed.token);
-    assert!(lock.release(&next).await.unwrap());
+    hand_over::a_last_hold_passes(&*lock, &name).await;
+    let expired =
+        hand_over::only_a_last_hold_of_a_holding_grant_passes(&*lock, &*other, &name).await;
+    hand_over::next_grant_follows(&*lock, &name, &expired).await;
 }
 
 /// A handle passes a lock to its own tasks at most `HANDED_IN_A_ROW` times in a row; the next

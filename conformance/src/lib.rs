@@ -16,6 +16,7 @@
 mod case;
 pub mod cases;
 pub mod given;
+pub mod hand_over;
 mod harness;
 mod local;
 mod proxy;
