@@ -535,9 +535,24 @@ async fn release_grant(
     if done.matched_count == 1 {
         return Ok(true);
     }
+    free_expired(locks, timeout, "release failed", name, owner, token).await?;
+    Ok(false)
+}
+
+/// Frees the lock document of `name` if its grant `(owner, token)` has expired (by the
+/// server's clock) and nobody took it over: what a release or hand-over of a grant that no
+/// longer holds leaves tidy. `what` names the operation in an error.
+async fn free_expired(
+    locks: &Collection<Document>,
+    timeout: Duration,
+    what: &'static str,
+    name: &str,
+    owner: &str,
+    token: i64,
+) -> Result<()> {
     bounded(
         timeout,
-        "release failed",
+        what,
         locks
             .update_one(
                 commands::expired_grant(name, owner, token),
@@ -547,7 +562,7 @@ async fn release_grant(
     )
     .await
     .map_err(|e| e.error)?;
-    Ok(false)
+    Ok(())
 }
 
 /// Hands the lock from `from` to `to` (see [`commands::hand_over_pipeline`]): one
@@ -604,18 +619,7 @@ async fn hand_over_grant(
             sent_at,
         )));
     }
-    bounded(
-        timeout,
-        "hand-over failed",
-        locks
-            .update_one(
-                commands::expired_grant(name, owner, token),
-                commands::free(),
-            )
-            .into_future(),
-    )
-    .await
-    .map_err(|e| e.error)?;
+    free_expired(locks, timeout, "hand-over failed", name, owner, token).await?;
     Ok(HandOver::Released(false))
 }
 

@@ -23,20 +23,24 @@ fn skipped() -> bool {
     skip
 }
 
+/// A client behind a counting proxy in front of the test server, and the proxy.
+async fn behind_proxy() -> (Arc<RedisLock>, Proxy) {
+    let url = common::redis_url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let client = RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n  start Redis: scripts/services up redis"));
+    (Arc::new(client), proxy)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_between_tasks_of_one_client_is_the_release_alone() {
     if skipped() {
         return;
     }
-    let url = common::redis_url();
-    let first = hosts_of(&url)[0].clone();
-    let proxy = Proxy::start(first.clone()).await;
-    let proxied = reroute(&url, &[first], &[proxy.addr()]);
-    let client = Arc::new(
-        RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
-            .await
-            .unwrap(),
-    );
+    let (client, proxy) = behind_proxy().await;
     let name = common::unique("hand-off-trips");
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(60))
@@ -74,24 +78,16 @@ async fn the_hand_over_script_passes_only_a_last_hold_and_only_of_a_holding_gran
 }
 
 /// A handle passes a lock to its own tasks at most `HANDED_IN_A_ROW` times in a row; the next
-/// release frees it on the server (as a release does), where another client may take it. Two
-/// tasks of one handle hand the lock back and forth; the proxy's count of requests shows which
-/// releases went to the server as a plain release and which as a hand-over: the plain one is
-/// followed by the waiting task's own attempt.
+/// release frees it on the server (as a release does), where another client may take it.
+/// Tasks of one handle queue behind a holder and the lock passes down the line; the proxy's
+/// count of requests shows which releases went to the server as a plain release and which as a
+/// hand-over: a plain one is followed by the waiting tasks' own attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_passes_a_lock_to_its_own_tasks_only_so_many_times_in_a_row() {
     if skipped() {
         return;
     }
-    let url = common::redis_url();
-    let first = hosts_of(&url)[0].clone();
-    let proxy = Proxy::start(first.clone()).await;
-    let proxied = reroute(&url, &[first], &[proxy.addr()]);
-    let client = Arc::new(
-        RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
-            .await
-            .unwrap(),
-    );
+    let (client, proxy) = behind_proxy().await;
     let name = common::unique("in-a-row");
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(60))
