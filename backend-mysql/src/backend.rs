@@ -297,11 +297,12 @@ impl DistributedLock for MysqlLock {
         true
     }
 
-    /// One request, one transaction (see the `HAND_OVER` statement in `sql.rs`): the counter
-    /// bumped as for a fresh grant and the row passed to `to.owner` if `from` holds it live
-    /// with its last hold; one hold taken away if it has several; nothing changed if it holds
-    /// none. The name stays held throughout, so other clients' waiters are not told anything
-    /// (what becomes of the release signal is told at `Inner::hand_over`).
+    /// One transaction (the `HAND_OVER_LAST` and `HAND_OVER` statements in `sql.rs`): the
+    /// counter bumped as for a fresh grant and the row passed to `to.owner` if `from` holds it
+    /// live with its last hold (one request); one hold taken away if it has several; nothing
+    /// changed if it holds none (those two, a second request). The name stays held
+    /// throughout, so other clients' waiters are not told anything (what becomes of the
+    /// release signal is told at `Inner::hand_over`).
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
         self.inner.hand_over(from, to).await
     }
@@ -726,10 +727,12 @@ impl Inner {
         })
     }
 
-    /// The hand-over's request, sent again (after rolling back) while it lost a race to another
-    /// change of the row; after [`MAX_ROUNDS`] of them, a plain release. The last hold of a
-    /// grant that still holds the lock costs exactly one request, and so do the other outcomes
-    /// unless a race intervenes. `Ok(grant)` when handed over, else what the release did.
+    /// The common case first (`HAND_OVER_LAST` in `sql.rs`): the last hold of a grant that
+    /// still holds the lock passes in one request. Otherwise (one hold of several, not held,
+    /// a race) the full hand-over, which tells those cases apart, in a second request that
+    /// begins with the rollback of the first; sent again (rolled back in the same way) while
+    /// it loses a race to another change of the row, and after [`MAX_ROUNDS`] of them, a plain
+    /// release. `Ok(grant)` when handed over, else what the release did.
     async fn hand_over_on(
         &self,
         conn: &mut MySqlConnection,
@@ -738,7 +741,7 @@ impl Inner {
     ) -> Result<std::result::Result<Grant, Released>> {
         let from_owner = from.owner.text();
         let to_owner = to.owner.text();
-        let sql = self.sql.hand_over(
+        let (last, full) = self.sql.hand_over(
             from.name.as_str().as_bytes(),
             from_owner.as_bytes(),
             from.token.0,
@@ -746,8 +749,38 @@ impl Inner {
             micros(to.ttl),
         );
         let fail = || self.err("handing over", &from.name);
+        let sent_at = Instant::now();
+        // Whether the transaction may still be open (a guard or lock conflict stopped the
+        // batch, the counter perhaps bumped): rolled back at the start of the next request.
+        let mut open = match sqlx::raw_sql(AssertSqlSafe(last))
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(rows) => {
+                let token: u64 = match rows.first() {
+                    Some(row) => row.try_get(0).map_err(fail())?,
+                    None => {
+                        return Err(fail()(sqlx::Error::Protocol(
+                            "the hand-over returned no token".into(),
+                        )))
+                    }
+                };
+                if token > 0 {
+                    return Ok(Ok(grant(to, FencingToken(token), 1, sent_at)));
+                }
+                // No counter row, so nothing was done: the full hand-over decides.
+                false
+            }
+            Err(e) if is_duplicate(&e) || is_conflict(&e) => true,
+            Err(e) => {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                return Err(fail()(e));
+            }
+        };
+        let rollback_and_full = format!("ROLLBACK; {full}");
         for _ in 0..MAX_ROUNDS {
             let sent_at = Instant::now();
+            let sql = if open { &rollback_and_full } else { &full };
             let answer = sqlx::raw_sql(AssertSqlSafe(sql.clone()))
                 .fetch_all(&mut *conn)
                 .await;
@@ -757,10 +790,7 @@ impl Inner {
                 // server ran nothing after it, and the transaction may still be open with the
                 // counter bumped. Rolled back (so no token is burned), then tried again.
                 Err(e) if is_duplicate(&e) || is_conflict(&e) => {
-                    sqlx::raw_sql("ROLLBACK")
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(fail())?;
+                    open = true;
                     continue;
                 }
                 Err(e) => {
@@ -768,6 +798,7 @@ impl Inner {
                     return Err(fail()(e));
                 }
             };
+            open = false;
             let read = |row: &MySqlRow| -> sqlx::Result<(u64, i64, Option<i64>)> {
                 Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
             };
@@ -790,6 +821,12 @@ impl Inner {
             }
             // Still held live by `from`, yet neither passed on nor one hold given up: its hold
             // count moved across 1 between the statements. Try again.
+        }
+        if open {
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut *conn)
+                .await
+                .map_err(fail())?;
         }
         // Kept losing races (or the name's counter row is gone, so no token can be taken):
         // release as a release would.

@@ -87,7 +87,9 @@ async fn trips<T>(proxy: &Proxy, op: impl std::future::Future<Output = T>) -> (T
     (out, proxy.round_trips() - before)
 }
 
-/// Every outcome is one request: handed over, one hold of several given up, not held.
+/// A hand-over of a last hold is one request; one hold of several given up, or a grant that
+/// no longer holds, is two (the common case's statements, then the full hand-over with the
+/// rollback of the first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_is_one_request() {
     if common::skipped() {
@@ -132,10 +134,10 @@ async fn a_hand_over_is_one_request() {
     assert_eq!(again.hold_count, 2);
     let (done, n) = trips(&proxy, lock.hand_over(&again, &request(&*lock, &name, ttl))).await;
     assert!(matches!(done.unwrap(), HandOver::Released(true)));
-    assert_eq!(n, 1, "one hold of several given up is one request");
+    assert_eq!(n, 2, "one hold of several given up is two requests");
     let (done, n) = trips(&proxy, lock.hand_over(&g, &request(&*lock, &name, ttl))).await;
     assert!(matches!(done.unwrap(), HandOver::Released(false)));
-    assert_eq!(n, 1, "a grant that no longer holds is one request");
+    assert_eq!(n, 2, "a grant that no longer holds is two requests");
     assert!(lock.release(&h).await.unwrap());
 
     // Through the conveniences: a guard's release hands the lock to a task of the same client
