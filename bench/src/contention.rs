@@ -14,6 +14,8 @@ pub(crate) struct HotRecord {
     pub(crate) grants: Vec<u64>,
     /// From a holder calling release to the next grant, whoever got it.
     pub(crate) handoff: Recorder,
+    /// From a holder calling release to that call returning (empty where not measured).
+    pub(crate) release: Recorder,
     /// From calling acquire to holding the lock.
     pub(crate) wait: Recorder,
     /// Hand-offs whose next holder was the contender that had just released.
@@ -64,6 +66,7 @@ impl HotRecord {
             grants: total,
             grants_per_sec: per_sec(total, self.elapsed),
             handoff: self.handoff.summary(),
+            release: (self.release.len() > 0).then(|| self.release.summary()),
             wait,
             longest_wait_ms: wait.max_us / 1000.0,
             jain: jain(&self.grants),

@@ -175,6 +175,10 @@ pub(crate) struct Uncontended {
     pub(crate) primitive_per_sec: f64,
     /// The raw-driver floor.
     pub(crate) floor: Latency,
+    /// The floor's release step alone (its last request or round); `None` in reports from
+    /// before it was measured.
+    #[serde(default)]
+    pub(crate) floor_release: Option<Latency>,
     pub(crate) floor_per_sec: f64,
     /// What the floor sends, in words.
     pub(crate) floor_ops: String,
@@ -210,6 +214,10 @@ pub(crate) struct HotLevel {
     pub(crate) grants_per_sec: f64,
     /// From the holder calling release to the next holder's acquire returning.
     pub(crate) handoff: Latency,
+    /// From the holder calling release to that call returning: the release's own request(s),
+    /// a hand-over's included. `None` where not measured (peers, older reports).
+    #[serde(default)]
+    pub(crate) release: Option<Latency>,
     /// From calling acquire to holding the lock.
     pub(crate) wait: Latency,
     pub(crate) longest_wait_ms: f64,

@@ -109,6 +109,7 @@ impl RawHot {
         let record = HotRecord {
             grants: self.grants.clone(),
             handoff: recorder(&self.handoff_ns),
+            release: Recorder::default(),
             wait: recorder(&self.wait_ns),
             self_regrants: self.self_regrants,
             violations: self.violations,

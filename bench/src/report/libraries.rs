@@ -206,6 +206,7 @@ mod tests {
             grants: (grants_per_sec * 3.0) as u64,
             grants_per_sec,
             handoff: latency(p50, p99),
+            release: None,
             wait: latency(p50, p99),
             longest_wait_ms: 1.0,
             jain,

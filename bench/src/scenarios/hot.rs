@@ -32,6 +32,8 @@ struct Shared {
     /// holder.
     released_at: Mutex<Option<(Instant, usize)>>,
     handoff: Mutex<Recorder>,
+    /// From calling release to its return.
+    release: Mutex<Recorder>,
     /// Hand-offs that went back to the client that had just released.
     self_regrants: AtomicU64,
     /// How many benchmark clients believe they hold the lock: more than one is a violation.
@@ -105,6 +107,7 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
         start: Barrier::new(clients + 1),
         released_at: Mutex::new(None),
         handoff: Mutex::new(Recorder::new()),
+        release: Mutex::new(Recorder::new()),
         self_regrants: AtomicU64::new(0),
         holders: AtomicUsize::new(0),
         violations: AtomicUsize::new(0),
@@ -137,8 +140,10 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
                         }
                     }
                     s.holders.fetch_sub(1, Ordering::SeqCst);
-                    *lock_ok(&s.released_at) = Some((Instant::now(), me));
+                    let releasing = Instant::now();
+                    *lock_ok(&s.released_at) = Some((releasing, me));
                     guard.release().await?;
+                    lock_ok(&s.release).record(releasing.elapsed());
                     // See independent.rs: in-memory futures never yield by themselves.
                     tokio::task::coop::consume_budget().await;
                 }
@@ -158,6 +163,7 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
     }
     record.elapsed = began.elapsed();
     record.handoff = lock_ok(&shared.handoff).clone();
+    record.release = lock_ok(&shared.release).clone();
     record.self_regrants = shared.self_regrants.load(Ordering::Relaxed);
     record.violations = shared.violations.load(Ordering::SeqCst) as u64;
     record.check()?;

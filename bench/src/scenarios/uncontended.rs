@@ -20,6 +20,9 @@ use crate::Res;
 #[async_trait]
 pub(crate) trait Cycle: Send {
     async fn once(&mut self) -> Res<()>;
+
+    /// Told when the warm-up is over and the measured slices begin.
+    fn measuring(&mut self) {}
 }
 
 /// Latencies of one measured operation and the time spent running it.
@@ -43,6 +46,9 @@ pub(crate) async fn measure_cycles(
 ) -> Res<Vec<Measured>> {
     for op in ops.iter_mut() {
         run_for(*op, warmup, None).await?;
+    }
+    for op in ops.iter_mut() {
+        op.measuring();
     }
     let mut out: Vec<Measured> = ops
         .iter()
@@ -140,12 +146,18 @@ impl Cycle for PrimitiveCycle {
 struct FloorCycle {
     floor: Box<dyn Floor>,
     name: String,
+    /// The release step of each measured cycle.
+    release: Recorder,
+    measuring: bool,
 }
 
 #[async_trait]
 impl Cycle for FloorCycle {
     async fn once(&mut self) -> Res<()> {
-        self.floor.cycle(&self.name).await?;
+        let release = self.floor.cycle(&self.name).await?;
+        if self.measuring {
+            self.release.record(release);
+        }
         // The in-memory floor's future is always ready and never yields: without this a tight
         // loop would never let the runtime run its timers or other tasks. The in-memory backend
         // spends one unit of the task's budget per acquire for the same reason, so both sides
@@ -153,6 +165,10 @@ impl Cycle for FloorCycle {
         // idle worker, which costs microseconds). Networked ops yield on I/O anyway.
         tokio::task::coop::consume_budget().await;
         Ok(())
+    }
+
+    fn measuring(&mut self) {
+        self.measuring = true;
     }
 }
 
@@ -178,6 +194,8 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<(Uncontended, B
     let mut floor = FloorCycle {
         floor: target.floor().await?,
         name: unique_name("floor"),
+        release: Recorder::new(),
+        measuring: false,
     };
     let measured = measure_cycles(
         &mut [&mut floor, &mut cycle, &mut try_cycle, &mut primitive],
@@ -199,6 +217,7 @@ pub(super) async fn run(target: &dyn Target, plan: &Plan) -> Res<(Uncontended, B
             primitive_cycle: prim_m.latencies.summary(),
             primitive_per_sec: prim_m.per_sec(),
             floor: f,
+            floor_release: (floor.release.len() > 0).then(|| floor.release.summary()),
             floor_per_sec: floor_m.per_sec(),
             floor_ops: ops.what.into(),
             floor_round_trips: ops.round_trips,

@@ -4,7 +4,7 @@
 //! conditional on the key's create-revision.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{LockName, SharedLock};
@@ -151,7 +151,7 @@ struct EtcdFloor {
 
 #[async_trait]
 impl Floor for EtcdFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let dir = self.config.lock_dir(&LockName::new(name)?);
         let key = format!("{dir}{:016x}-floor", self.lease);
         let newest = GetOptions::new()
@@ -180,6 +180,7 @@ impl Floor for EtcdFloor {
             [mine] if mine.key() == key.as_bytes() => mine.create_revision(),
             _ => return Err(format!("floor: {key} is not alone in its directory").into()),
         };
+        let release = Instant::now();
         let delete = Txn::new()
             .when([Compare::create_revision(
                 key.as_str(),
@@ -190,6 +191,6 @@ impl Floor for EtcdFloor {
         if !self.client.txn(delete).await?.succeeded() {
             return Err(format!("floor: {key} changed under the floor").into());
         }
-        Ok(())
+        Ok(release.elapsed())
     }
 }

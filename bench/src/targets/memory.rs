@@ -76,7 +76,7 @@ struct MemoryFloor {
 
 #[async_trait]
 impl Floor for MemoryFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let token = {
             let mut s = self.state.lock().map_err(|_| "floor mutex poisoned")?;
             s.counter += 1;
@@ -90,9 +90,10 @@ impl Floor for MemoryFloor {
             }
             token
         };
+        let release = Instant::now();
         let mut s = self.state.lock().map_err(|_| "floor mutex poisoned")?;
         match s.holders.remove(name) {
-            Some((t, expires)) if t == token && expires > Instant::now() => Ok(()),
+            Some((t, expires)) if t == token && expires > Instant::now() => Ok(release.elapsed()),
             _ => Err("floor: the holder vanished or its lease ran out".into()),
         }
     }

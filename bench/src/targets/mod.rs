@@ -127,8 +127,10 @@ pub(crate) struct FloorOps {
 #[async_trait]
 pub(crate) trait Floor: Send {
     /// Acquire and release `name` with raw operations, checking that each did what a lock
-    /// needs (so a floor that silently does nothing cannot look fast).
-    async fn cycle(&mut self, name: &str) -> Res<()>;
+    /// needs (so a floor that silently does nothing cannot look fast). Returns how long the
+    /// release (the cycle's last request or round) took: the bare cost of the request a
+    /// hand-off between tasks of one handle sends.
+    async fn cycle(&mut self, name: &str) -> Res<Duration>;
 }
 
 /// A server log sync slower than this, in ms, is counted as slow ([`Target::server_syncs`]).

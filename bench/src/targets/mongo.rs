@@ -9,7 +9,7 @@
 //! collection grows: documents left by earlier runs and tests would skew this run's numbers.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{OwnerId, SharedLock};
@@ -119,7 +119,7 @@ struct MongoFloor {
 
 #[async_trait]
 impl Floor for MongoFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let expires = DateTime::from_millis(DateTime::now().timestamp_millis() + FLOOR_TTL_MS);
         let doc = self
             .locks
@@ -134,6 +134,7 @@ impl Floor for MongoFloor {
         if doc.get_str("owner").ok() != Some(self.owner.as_str()) {
             return Err("floor: the lock document belongs to someone else".into());
         }
+        let release = Instant::now();
         let deleted = self
             .locks
             .delete_one(doc! { "_id": name, "owner": &self.owner })
@@ -141,6 +142,6 @@ impl Floor for MongoFloor {
         if deleted.deleted_count != 1 {
             return Err("floor: the delete did not remove the lock document".into());
         }
-        Ok(())
+        Ok(release.elapsed())
     }
 }

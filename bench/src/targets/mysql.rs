@@ -7,7 +7,7 @@
 //! what that costs.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{OwnerId, SharedLock};
@@ -104,7 +104,7 @@ struct MysqlFloor {
 
 #[async_trait]
 impl Floor for MysqlFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         self.token += 1;
         let owner_text = self.owner.text();
         let (name, owner) = (name.as_bytes(), owner_text.as_bytes());
@@ -116,6 +116,7 @@ impl Floor for MysqlFloor {
             .bind(FLOOR_TTL_US)
             .execute(&mut *conn)
             .await?;
+        let release = Instant::now();
         let deleted = sqlx::query(AssertSqlSafe(self.delete.clone()))
             .bind(name)
             .bind(owner)
@@ -125,6 +126,6 @@ impl Floor for MysqlFloor {
         if deleted.rows_affected() != 1 {
             return Err("floor: the delete did not remove the lock row".into());
         }
-        Ok(())
+        Ok(release.elapsed())
     }
 }

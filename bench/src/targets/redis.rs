@@ -4,7 +4,7 @@
 //! overhead of the library: the server does identical work on both sides.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{LockName, OwnerId, SharedLock};
@@ -252,7 +252,7 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
 
 #[async_trait]
 impl Floor for ScriptFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let name = LockName::new(name)?;
         let (lock, fence, channel) = (
             self.keys.lock(&name),
@@ -293,6 +293,7 @@ impl Floor for ScriptFloor {
             }))
             .await?;
         }
+        let release = Instant::now();
         let released = try_join_all(self.servers.iter().zip(&tokens).map(|(conn, token)| {
             let mut conn = conn.clone();
             let mut inv = s.release.prepare_invoke();
@@ -303,7 +304,7 @@ impl Floor for ScriptFloor {
         if released.iter().any(|&left| left != 0) {
             return Err(format!("floor: release did not free the lock: {released:?}").into());
         }
-        Ok(())
+        Ok(release.elapsed())
     }
 }
 

@@ -3,7 +3,7 @@
 //! children (the lowest sequence holds), delete the node.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::SharedLock;
@@ -110,7 +110,7 @@ struct ZkFloor {
 
 #[async_trait]
 impl Floor for ZkFloor {
-    async fn cycle(&mut self, name: &str) -> Res<()> {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let dir = self.lock.lock_path(name)?;
         let prefix = format!("{dir}/floor-");
         let ephemeral = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -140,8 +140,9 @@ impl Floor for ZkFloor {
         if lowest.map(|c| format!("{dir}/{c}")) != Some(path.clone()) {
             return Err(format!("floor: {path} is not the lowest of {children:?}").into());
         }
+        let release = Instant::now();
         self.client.delete(&path, None).await?;
-        Ok(())
+        Ok(release.elapsed())
     }
 }
 
