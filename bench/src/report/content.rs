@@ -784,10 +784,11 @@ fn hot(r: &Results, doc: &mut Vec<Block>) {
          tasks sharing one client handle, as a service's tasks do: each acquisition is its own \
          owner, so they exclude each other like separate clients, but a hand-off between them \
          needs no notice from the server. Server requests per grant: the server's own count of \
-         requests received over the run (Redis commands, MySQL `Questions`, MongoDB \
-         opcounters, etcd gRPC messages, ZooKeeper packets; all masters for RedLock) divided \
-         by the grants, so it includes renewals, retries, watches and pings: the floor's cycle \
-         is 2 requests (3 on ZooKeeper)."
+         requests received over the run (Redis commands, each command a script runs counted \
+         as well; MySQL `Questions`, MongoDB opcounters, etcd gRPC messages, ZooKeeper \
+         packets; all masters for RedLock) divided by the grants, so it includes renewals, \
+         retries, watches and pings: the floor's cycle is 2 requests (3 on ZooKeeper; on \
+         Redis, 2 scripts and the commands they run)."
             .into(),
     ));
     let with: Vec<&BackendResult> = available(r).filter(|b| !b.hot.is_empty()).collect();
