@@ -462,3 +462,61 @@ async fn a_late_grant_of_a_won_round_joins_it_renews_with_it_and_is_released_wit
         );
     }
 }
+
+/// A hand-over with one master of three paused: the round ends at the two live masters and the
+/// waiting task holds the lock. When the master resumes, its late pass joins the new grant (a
+/// renewal with another master paused then still reaches a majority), and the grant's release
+/// frees every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_with_a_master_paused_passes_and_its_late_pass_joins_the_new_grant() {
+    use distlock_api::backend::wait::HandOver;
+    use distlock_api::DistributedLock;
+    use distlock_conformance::hand_over::{granted, request};
+    if skipped() {
+        return;
+    }
+    let masters = Masters::start(3);
+    let lock = masters.client().await;
+    let name = LockName::new("handed").unwrap();
+    let ttl = Duration::from_secs(10);
+    let from = granted(&*lock, &request(&*lock, &name, ttl)).await;
+    masters.pause(2);
+    let to = request(&*lock, &name, ttl);
+    let HandOver::Handed(g) = lock.hand_over(&from, &to).await.unwrap() else {
+        panic!("two masters of three passed the lock on");
+    };
+    assert!(g.token > from.token);
+    let in_round: Vec<&str> = g.key.split(';').next().unwrap().split(',').collect();
+    assert_eq!(
+        in_round[2], "0",
+        "the paused master was not in the round: {}",
+        g.key
+    );
+    masters.resume(2);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while masters.token_on(2, "handed").await != Some(g.token.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the resumed master never held the new grant's token"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The join is recorded right after, in the same background task.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    masters.pause(0);
+    lock.renew(&g, ttl)
+        .await
+        .expect("the late pass did not join the new grant");
+    masters.resume(0);
+    assert!(
+        !lock.release(&from).await.unwrap(),
+        "the old grant holds nothing"
+    );
+    assert!(lock.release(&g).await.unwrap());
+    for i in 0..3 {
+        assert!(
+            !masters.has_lock(i, "handed").await,
+            "release missed master {i}"
+        );
+    }
+}

@@ -32,7 +32,8 @@ struct NameWaiters {
     releases: watch::Sender<u64>,
     turn: Arc<Semaphore>,
     handed: Arc<AtomicU64>,
-    /// Waiters between attempts that take the lock straight from a release, oldest first.
+    /// Waiters between attempts that take the lock straight from a release, in the order the
+    /// waiters arrived (a waiter that offers again after an attempt keeps its place).
     offers: VecDeque<Offer>,
     /// Hand-overs since the last release that freed the lock.
     in_a_row: u32,
@@ -44,6 +45,8 @@ struct NameWaiters {
 /// A waiter's offer to take the lock from a release of its handle.
 pub(crate) struct Offer {
     id: u64,
+    /// The waiter's place in line ([`LocalWaiter::seq`]).
+    seq: u64,
     /// The waiter's acquire: its owner and lease.
     pub(crate) req: AcquireRequest,
     /// Where the grant goes. A send to a waiter that left gives the grant back (it drops).
@@ -73,8 +76,10 @@ impl LocalWakes {
             in_a_row: 0,
             let_go: false,
         });
+        static ARRIVALS: AtomicU64 = AtomicU64::new(0);
         LocalWaiter {
             wakes: self,
+            seq: ARRIVALS.fetch_add(1, Ordering::Relaxed),
             name: name.clone(),
             rx: entry.releases.subscribe(),
             turn: entry.turn.clone(),
@@ -121,6 +126,8 @@ impl LocalWakes {
 /// One polling waiter's registration.
 pub(crate) struct LocalWaiter<'a> {
     wakes: &'a LocalWakes,
+    /// When it arrived, among all waiters: its offers take their place in line by it.
+    seq: u64,
     name: LockName,
     rx: watch::Receiver<u64>,
     turn: Arc<Semaphore>,
@@ -172,11 +179,17 @@ impl LocalWaiter<'_> {
         let (to, from) = oneshot::channel();
         let offer = Offer {
             id,
+            seq: self.seq,
             req: req.clone(),
             to,
         };
         if let Some(w) = self.wakes.names().get_mut(&self.name) {
-            w.offers.push_back(offer);
+            let at = w
+                .offers
+                .iter()
+                .position(|o| o.seq > self.seq)
+                .unwrap_or(w.offers.len());
+            w.offers.insert(at, offer);
         }
         Offered {
             wakes: self.wakes,
@@ -341,6 +354,27 @@ mod tests {
         // A release that frees the lock otherwise wakes them as before.
         wakes.released(&name);
         assert_eq!(first.releases(), seen + 1);
+    }
+
+    /// A waiter that offers again (after an attempt, or a release that passed nothing on)
+    /// keeps its place in line: the waiter that arrived first is handed the lock first.
+    #[tokio::test]
+    async fn an_offer_made_again_keeps_its_waiters_place_in_line() {
+        let wakes = LocalWakes::default();
+        let name = LockName::new("n").unwrap();
+        let (first, second, third) = (
+            wakes.waiter(&name),
+            wakes.waiter(&name),
+            wakes.waiter(&name),
+        );
+        let b = second.offer(&request(&name, "b"));
+        let c = third.offer(&request(&name, "c"));
+        let a = first.offer(&request(&name, "a"));
+        for owner in ["a", "b", "c"] {
+            let claimed = wakes.claim(&name).expect("a waiter offered");
+            assert_eq!(claimed.req.owner, request(&name, owner).owner);
+        }
+        drop((a, b, c));
     }
 
     #[tokio::test]

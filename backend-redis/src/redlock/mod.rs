@@ -41,7 +41,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -53,6 +53,7 @@ use crate::config::RedLockConfig;
 use crate::pubsub::{Hub, HubConfig, Subscription};
 
 mod acquire;
+mod handover;
 mod holds;
 mod late;
 mod round;
@@ -306,6 +307,22 @@ impl DistributedLock for RedLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.shared.release(grant).await
+    }
+
+    /// A release through this handle passes the lock straight to a waiting task of the same
+    /// handle: one round on the masters instead of a release round and the task's acquire
+    /// round.
+    fn hands_over(&self) -> bool {
+        true
+    }
+
+    /// One round of the hand-over script on every master the grant holds, decided like an
+    /// acquire for `to`: it holds the lock once a majority passed it on within the validity
+    /// of `to.ttl`, under a derived token (written back to a majority unless a majority's
+    /// counters gave it). Short of a majority nothing passes: what a minority passed is given
+    /// back and the outcome is the release's.
+    async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        self.shared.hand_over(from, to).await
     }
 
     /// Master by master: a lost answer may have left holds on any of them, each with its own

@@ -360,10 +360,9 @@ fn speed_goals(r: &Results) -> Vec<String> {
                  hand-over; `tests/hand_over.rs`)",
             ),
             "redlock" => Some(
-                "the release round and one acquire round for the next grant, each a script on \
-                 every master and ending at a majority (RedLock does not hand a lock over: a \
-                 hand-over round that reached only a minority would leave the lock half \
-                 passed, and that is not built)",
+                "the release round alone: its script on every master grants the waiting task, \
+                 decided at a majority like an acquire (a hand-over; \
+                 `tests/redlock_hand_over.rs`)",
             ),
             "mysql" => Some(
                 "the release alone: its transaction grants the waiting task in the same \
