@@ -560,18 +560,39 @@ async fn acquire_waiting(
                 };
             };
             let stash = Stash::default();
+            // The server's notices, where a polling backend has them for waiters of other
+            // handles (MariaDB's `GET_LOCK`, MongoDB's change streams, the RedLock masters'
+            // messages): subscribed once the lock is known to be held, so an uncontended
+            // acquire subscribes to nothing.
+            let notices = tokio::sync::OnceCell::new();
             // Passed on by a waiter that won the lock: it is held through this handle, so an
             // attempt now would only find it held. Wait for that release (or the first step).
+            // A release that frees the lock after `HANDED_IN_A_ROW` hand-overs wakes no waiter
+            // of the handle: this one then learns of it as other clients' waiters do, from the
+            // server's notice, so it subscribes first (within the step; else later).
+            // It offers to take the lock meanwhile, subscribing included: a release through
+            // the handle in that time hands the lock to it, in the order the waiters came.
             if let Some(seen) = local.passed_by_a_winner() {
                 let left = deadline.saturating_duration_since(Instant::now());
-                let step = local.wait(seen, backoff.next_delay().min(left));
-                offering(this, &local, req, &stash, step).await;
+                let step = backoff.next_delay().min(left);
+                let wait = async {
+                    let started = Instant::now();
+                    let subscribed = tokio::time::timeout(step, this.subscribe(&req.name));
+                    if let Ok(Ok(n)) = subscribed.await {
+                        let _ = notices.set(Some(n));
+                    }
+                    let step = step.saturating_sub(started.elapsed());
+                    match notices.get() {
+                        Some(Some(n)) => tokio::select! {
+                            _ = n.wait(step) => {}
+                            _ = local.wait(seen, step) => {}
+                        },
+                        _ => local.wait(seen, step).await,
+                    }
+                };
+                offering(this, &local, req, &stash, wait).await;
             }
             let seen = AtomicU64::new(local.releases());
-            // The server's notices, where a polling backend has them for waiters of other
-            // handles (MariaDB's `GET_LOCK`, MongoDB's change streams): subscribed once an
-            // attempt found the lock held, so an uncontended acquire subscribes to nothing.
-            let notices = tokio::sync::OnceCell::new();
             let granted = wait::notified(
                 deadline,
                 || {
