@@ -529,6 +529,25 @@ async fn turn_or_handed(
     }
 }
 
+/// A polling waiter's wait: until the server's notice (where it subscribed) or a release of the
+/// name through its handle since `seen`, for at most `max`; without notices, until such a
+/// release or `step`.
+async fn notice_or_release(
+    notices: &tokio::sync::OnceCell<Option<Box<dyn wait::Notices>>>,
+    local: &LocalWaiter<'_>,
+    seen: u64,
+    max: Duration,
+    step: Duration,
+) {
+    match notices.get() {
+        Some(Some(n)) => tokio::select! {
+            _ = n.wait(max) => {}
+            _ = local.wait(seen, max) => {}
+        },
+        _ => local.wait(seen, step).await,
+    }
+}
+
 /// Waits up to `wait` for `req`'s lock the way the backend says
 /// ([`DistributedLock::waiting`]): attempts with backoff, attempts woken by the server's
 /// notices, or the backend's own queue.
@@ -569,9 +588,8 @@ async fn acquire_waiting(
             // attempt now would only find it held. Wait for that release (or the first step).
             // A release that frees the lock after `HANDED_IN_A_ROW` hand-overs wakes no waiter
             // of the handle: this one then learns of it as other clients' waiters do, from the
-            // server's notice, so it subscribes first (within the step; else later).
-            // It offers to take the lock meanwhile, subscribing included: a release through
-            // the handle in that time hands the lock to it, in the order the waiters came.
+            // server's notice, so it subscribes first (within the step; else later). It offers
+            // to take the lock meanwhile, subscribing included, so it keeps its place in line.
             if let Some(seen) = local.passed_by_a_winner() {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let step = backoff.next_delay().min(left);
@@ -582,13 +600,7 @@ async fn acquire_waiting(
                         let _ = notices.set(Some(n));
                     }
                     let step = step.saturating_sub(started.elapsed());
-                    match notices.get() {
-                        Some(Some(n)) => tokio::select! {
-                            _ = n.wait(step) => {}
-                            _ = local.wait(seen, step) => {}
-                        },
-                        _ => local.wait(seen, step).await,
-                    }
+                    notice_or_release(&notices, &local, seen, step, step).await;
                 };
                 offering(this, &local, req, &stash, wait).await;
             }
@@ -615,15 +627,7 @@ async fn acquire_waiting(
                                 return;
                             }
                         }
-                        let step = async {
-                            match notices.get() {
-                                Some(Some(n)) => tokio::select! {
-                                    _ = n.wait(max) => {}
-                                    _ = local.wait(seen, max) => {}
-                                },
-                                _ => local.wait(seen, step).await,
-                            }
-                        };
+                        let step = notice_or_release(notices, local, seen, max, step);
                         offering(this, local, req, stash, step).await;
                     }
                 },

@@ -231,15 +231,28 @@ impl Shared {
         owner: &OwnerId,
         until: Instant,
     ) -> Option<u64> {
+        // A hold of this owner there is this round's (owners are per acquisition), or, under an
+        // explicit owner, one its other holds of the name share: joining it adds one release
+        // there for the one hold this round may have added.
+        self.holder_once_answered(i, name, until)
+            .await
+            .flatten()
+            .filter(|h| h.owner == *owner)
+            .map(|h| h.token)
+    }
+
+    /// What master `i` holds for `name`, read once it answers again after a lost answer: asked
+    /// with backoff until `until`, `None` if it never answered by then.
+    pub(super) async fn holder_once_answered(
+        &self,
+        i: usize,
+        name: &LockName,
+        until: Instant,
+    ) -> Option<Option<Holder>> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
-            match self.servers[i].inspect(name).await {
-                // A hold of this owner there is this round's (owners are per acquisition), or,
-                // under an explicit owner, one its other holds of the name share: joining it
-                // adds one release there for the one hold this round may have added.
-                Ok(Some(h)) if h.owner == *owner => return Some(h.token),
-                Ok(_) => return None,
-                Err(_) => {}
+            if let Ok(holder) = self.servers[i].inspect(name).await {
+                return Some(holder);
             }
             let pause = backoff.next_delay();
             if Instant::now() + pause >= until {

@@ -18,9 +18,9 @@
 //! and a master whose answer was lost is read once it answers again.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use distlock_api::backend::wait::{Backoff, HandOver};
+use distlock_api::backend::wait::HandOver;
 use distlock_api::backend::{drift, safe_until, AcquireRequest};
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, OwnerId, Result};
 use futures::future::BoxFuture;
@@ -250,25 +250,17 @@ impl Shared {
     /// released).
     fn reconcile(self: Arc<Self>, i: usize, p: Parties) -> BoxFuture<'static, ()> {
         async move {
-            let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-            loop {
-                match self.servers[i].inspect(&p.name).await {
-                    Ok(Some(h)) if h.owner == p.to => {
-                        return self.settle_pass(i, &p, h.token).await
-                    }
-                    Ok(Some(h)) if h.owner == p.from && p.from_done => {
-                        return self
-                            .release_until(i, &p.name, &p.from, h.token, p.until)
-                            .await
-                    }
-                    Ok(_) => return,
-                    Err(_) => {}
+            match self
+                .holder_once_answered(i, &p.name, p.until)
+                .await
+                .flatten()
+            {
+                Some(h) if h.owner == p.to => self.settle_pass(i, &p, h.token).await,
+                Some(h) if h.owner == p.from && p.from_done => {
+                    self.release_until(i, &p.name, &p.from, h.token, p.until)
+                        .await
                 }
-                let pause = backoff.next_delay();
-                if Instant::now() + pause >= p.until {
-                    return;
-                }
-                tokio::time::sleep(pause).await;
+                _ => {}
             }
         }
         .boxed()
