@@ -50,6 +50,23 @@ async fn owner_on(url: &str, name: &LockName) -> Option<String> {
     fields.into_iter().find(|f| !f.starts_with('#'))
 }
 
+/// A fresh grant of `name` held on every master, each known to the client: a round ends at a
+/// majority, and the last master's answer joins the grant in the background, recorded right
+/// after it lands (as in `redlock_pause.rs`).
+async fn granted_on_every_master(lock: &RedLock, name: &LockName, masters: &[String]) -> Grant {
+    let g = granted(lock, &request(lock, name, Duration::from_secs(30))).await;
+    let owner = g.owner.text().to_string();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for m in masters {
+        while owner_on(m, name).await.as_deref() != Some(owner.as_str()) {
+            assert!(Instant::now() < deadline, "{m} never held the grant");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    g
+}
+
 /// The script over the masters: a last hold passes with the next token and the new owner's
 /// lease; a grant with holds left gives one up and keeps the lock, and a grant that no longer
 /// holds changes nothing; no token is issued unseen.
@@ -178,7 +195,7 @@ async fn a_hand_over_that_reaches_a_majority_passes_the_lock() {
     let masters = master_urls();
     let lock = client(&url).await;
     let name = LockName::new(common::unique("redlock-majority")).unwrap();
-    let from = granted(&*lock, &request(&*lock, &name, Duration::from_secs(30))).await;
+    let from = granted_on_every_master(&lock, &name, &masters).await;
     common::remove_lock(&masters[2], &name).await.unwrap();
     let to = request(&*lock, &name, Duration::from_secs(30));
     let HandOver::Handed(g) = lock.hand_over(&from, &to).await.unwrap() else {
