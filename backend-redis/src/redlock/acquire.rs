@@ -12,7 +12,53 @@ use futures::FutureExt;
 
 use crate::server::Acquired;
 
+use super::round::agreed;
 use super::*;
+
+/// One master's grant in an acquire round.
+#[derive(Clone, Copy)]
+pub(super) struct Answer {
+    pub(super) master: usize,
+    /// The master's own token of the hold (its counter's value at the grant).
+    pub(super) token: u64,
+    /// The owner's holds there now: 1 for a fresh hold, more for a re-entry.
+    pub(super) count: u32,
+    /// The token derived over the masters and written on this one (0: none written).
+    pub(super) fence: u64,
+}
+
+impl Answer {
+    /// The grant's token as this master keeps it.
+    pub(super) fn effective(&self) -> u64 {
+        if self.fence > 0 {
+            self.fence
+        } else {
+            self.token
+        }
+    }
+
+    fn granted(self) -> Acquired {
+        Acquired::Granted {
+            token: self.token,
+            count: self.count,
+            fence: self.fence,
+        }
+    }
+}
+
+/// The tokens the masters keep for holds this round re-entered.
+fn reentries(granted: &[Answer]) -> impl Iterator<Item = u64> + '_ {
+    granted
+        .iter()
+        .filter(|g| g.count > 1)
+        .map(Answer::effective)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Fresh,
+    Reentry,
+}
 
 /// A won round's grant, which late answers join: its id in the late table, its token, and
 /// whether it is a fresh grant (not a re-entry of a held one).
@@ -40,18 +86,24 @@ impl Shared {
             })
         };
 
-        let mut tokens = vec![0u64; n];
         let mut answered = vec![false; n];
-        let mut granted = Vec::new(); // (index, token, count, fence)
+        let mut granted: Vec<Answer> = Vec::new();
         let mut held_pttls = Vec::new();
         let mut errors = Vec::new();
+        let q = self.quorum;
         loop {
-            let won = granted.len() >= self.quorum;
-            let lost = n - held_pttls.len() - errors.len() < self.quorum;
+            // A hold of a grant this owner has already (count > 1: a re-entry) and a fresh
+            // hold belong to two different grants: a round is won by a majority of one kind.
+            // A re-entry's majority must also keep one token (a late master of the grant may
+            // not have had it written yet: then the others are waited for).
+            let joining = granted.iter().filter(|g| g.count > 1).count();
+            let fresh = granted.len() - joining;
+            let won = agreed(reentries(&granted), q).is_some() || fresh >= q;
+            let open = pending.len();
+            let lost = joining + open < q && fresh + open < q;
             // A lost round still waits (within the deadline) until it can tell contention
             // (a majority answered) from unavailability (a majority cannot answer).
-            let told =
-                granted.len() + held_pttls.len() >= self.quorum || errors.len() > n - self.quorum;
+            let told = granted.len() + held_pttls.len() >= q || errors.len() > n - q;
             if won || (lost && told) {
                 break;
             }
@@ -65,42 +117,68 @@ impl Shared {
                     token,
                     count,
                     fence,
-                }) => {
-                    tokens[i] = token;
-                    granted.push((i, token, count, fence));
-                }
+                }) => granted.push(Answer {
+                    master: i,
+                    token,
+                    count,
+                    fence,
+                }),
                 Ok(Acquired::Held { pttl }) => held_pttls.push(pttl),
                 Err(e) => errors.push(e),
             }
         }
         let waited = sent_at.elapsed();
+        // The grant this round is about: a re-entry of the grant a majority of masters keep
+        // for this owner under one token, or a fresh grant on a majority. What else the round
+        // got is not part of it, and is settled below as a late answer would be.
+        let (kind, (mine, others)): (Kind, (Vec<Answer>, Vec<Answer>)) =
+            if let Some(t) = agreed(reentries(&granted), q) {
+                let split = granted
+                    .iter()
+                    .partition(|g| g.count > 1 && g.effective() == t);
+                (Kind::Reentry, split)
+            } else if granted.iter().filter(|g| g.count == 1).count() >= q {
+                (Kind::Fresh, granted.iter().partition(|g| g.count == 1))
+            } else {
+                (Kind::Fresh, (Vec::new(), granted.clone()))
+            };
         for (i, _) in answered.iter().enumerate().filter(|(_, a)| !**a) {
-            if granted.len() < self.quorum {
+            if mine.is_empty() {
                 errors.push(no_answer(&self.servers[i], waited));
             }
         }
 
-        let outcome = if granted.len() >= self.quorum && Instant::now() < valid_until {
-            self.settle(req, &granted, valid_until).await
-        } else {
-            None
+        let outcome = match kind {
+            _ if mine.is_empty() || Instant::now() >= valid_until => None,
+            Kind::Reentry => Some(mine[0].effective()),
+            Kind::Fresh => self.settle(req, &mine, valid_until).await,
         };
         match outcome {
             Some(token) => {
+                // What the other kind got in this round is settled as a late answer would be:
+                // a fresh hold joins a re-entered grant; a hold of another grant of this owner
+                // gets its one hold back.
+                for g in others {
+                    pending.push(async move { (g.master, Ok(g.granted())) }.boxed());
+                }
                 let id = (!pending.is_empty())
                     .then(|| self.late().open(n, sent_at + ttl + self.response_timeout));
                 if let Some(id) = id {
-                    // A fresh grant (a hold of count 1 on each master that answered) may find
-                    // a late master's answer lost: whatever that master holds for this owner is
-                    // then this round's, and is found by reading it.
-                    let fresh = granted.iter().all(|g| g.2 == 1);
-                    let join = Join { id, token, fresh };
+                    let join = Join {
+                        id,
+                        token,
+                        fresh: kind == Kind::Fresh,
+                    };
                     self.settle_late(pending, name, owner, ttl, Some(join));
                 }
                 // Releases needed before fewer than a majority hold it: the quorum-th largest
                 // count.
                 let hold_count =
-                    kth_largest(granted.iter().map(|g| g.2).collect(), self.quorum).unwrap_or(1);
+                    kth_largest(mine.iter().map(|g| g.count).collect(), q).unwrap_or(1);
+                let mut tokens = vec![0u64; n];
+                for g in &mine {
+                    tokens[g.master] = g.token;
+                }
                 Ok(Attempt::Granted(
                     Grant::new(
                         name.clone(),
@@ -116,7 +194,8 @@ impl Shared {
             None => {
                 self.settle_late(pending, name, owner, ttl, None);
                 if !granted.is_empty() {
-                    let got: Vec<(usize, u64)> = granted.iter().map(|g| (g.0, g.1)).collect();
+                    let got: Vec<(usize, u64)> =
+                        granted.iter().map(|g| (g.master, g.token)).collect();
                     self.give_back(name, owner, &got, ttl, per_master).await;
                 }
                 self.contended(errors, held_pttls, ttl)
@@ -124,54 +203,37 @@ impl Shared {
         }
     }
 
-    /// Decides the token of a round a majority granted, writing a fresh one back to a majority;
-    /// `None` when that failed or the validity ran out meanwhile.
+    /// Decides the token of a fresh grant on a majority (`granted`), writing it back to a
+    /// majority where their counters disagree; `None` when that failed or the validity ran out
+    /// meanwhile.
     pub(super) async fn settle(
         self: &Arc<Self>,
         req: &AcquireRequest,
-        granted: &[(usize, u64, u32, u64)],
+        granted: &[Answer],
         valid_until: Instant,
     ) -> Option<u64> {
-        let joins_a_held_grant = granted.iter().filter(|g| g.2 > 1).count() >= self.quorum;
-        let token = if joins_a_held_grant {
-            // A re-entry by an owner that held a majority already: its existing token.
-            granted
-                .iter()
-                .filter(|g| g.2 > 1)
-                .map(|g| if g.3 > 0 { g.3 } else { g.1 })
-                .max()
-                .unwrap_or(0)
-        } else {
-            let derived = granted.iter().map(|g| g.1.max(g.3)).max().unwrap_or(0);
-            // Masters whose own counter already returned the derived token need no write-back:
-            // their counter stands at it from the moment of the grant. When a majority did (the
-            // counters agree, as they do whenever grants reach every master), the round is not
-            // sent at all: a fresh grant costs one round, like a lock without fencing.
-            if granted.iter().filter(|g| g.1 == derived).count() >= self.quorum {
-                return (Instant::now() < valid_until).then_some(derived);
-            }
-            let targets: Vec<usize> = granted.iter().map(|g| g.0).collect();
-            let mine: Vec<u64> = {
-                let mut t = vec![0; self.n()];
-                for g in granted {
-                    t[g.0] = g.1;
-                }
-                t
-            };
-            let (name, owner) = (req.name.clone(), req.owner.clone());
-            let deadline = Deadline::new(self.deadline(req.ttl), valid_until);
-            let tally = self
-                .majority_round(&targets, deadline, move |s, i| {
-                    let (name, owner, t) = (name.clone(), owner.clone(), mine[i]);
-                    async move { s.servers[i].fence(&name, &owner, t, derived).await }
-                })
-                .await;
-            if tally.yes < self.quorum {
-                return None;
-            }
-            derived
-        };
-        (Instant::now() < valid_until).then_some(token)
+        let derived = granted.iter().map(|g| g.token).max().unwrap_or(0);
+        // Masters whose own counter already returned the derived token need no write-back:
+        // their counter stands at it from the moment of the grant. When a majority did (the
+        // counters agree, as they do whenever grants reach every master), the round is not
+        // sent at all: a fresh grant costs one round, like a lock without fencing.
+        if granted.iter().filter(|g| g.token == derived).count() >= self.quorum {
+            return (Instant::now() < valid_until).then_some(derived);
+        }
+        let targets: Vec<usize> = granted.iter().map(|g| g.master).collect();
+        let mut mine = vec![0; self.n()];
+        for g in granted {
+            mine[g.master] = g.token;
+        }
+        let (name, owner) = (req.name.clone(), req.owner.clone());
+        let deadline = Deadline::new(self.deadline(req.ttl), valid_until);
+        let tally = self
+            .majority_round(&targets, deadline, move |s, i| {
+                let (name, owner, t) = (name.clone(), owner.clone(), mine[i]);
+                async move { s.servers[i].fence(&name, &owner, t, derived).await }
+            })
+            .await;
+        (tally.yes >= self.quorum && Instant::now() < valid_until).then_some(derived)
     }
 
     /// Hands the acquires of a round still in flight to the background. With `join` (the
@@ -192,9 +254,25 @@ impl Shared {
         let until = Instant::now() + ttl + drift(ttl);
         let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
         finish_late(pending, move |i, r| {
-            let t = match r {
-                Ok(Acquired::Granted { token: t, .. }) => Some(t),
-                Err(_) if join.is_some_and(|j| j.fresh) => None,
+            let (t, joins) = match r {
+                // A fresh hold joins the grant; a hold of a grant this owner already had there
+                // joins only if it is this grant (a re-entry), else its one hold goes back.
+                Ok(Acquired::Granted {
+                    token: t,
+                    count,
+                    fence,
+                }) => {
+                    let here = Answer {
+                        master: i,
+                        token: t,
+                        count,
+                        fence,
+                    };
+                    let ours =
+                        count == 1 || join.is_some_and(|j| !j.fresh && here.effective() == j.token);
+                    (Some(t), ours)
+                }
+                Err(_) if join.is_some_and(|j| j.fresh) => (None, true),
                 _ => return None,
             };
             let (s, name, owner) = (s.clone(), name.clone(), owner.clone());
@@ -207,7 +285,7 @@ impl Shared {
                             None => return,
                         },
                     };
-                    if let Some(j) = join {
+                    if let Some(j) = join.filter(|_| joins) {
                         if s.join_until(i, &name, &owner, t, (j.id, j.token), until)
                             .await
                         {

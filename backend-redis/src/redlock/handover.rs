@@ -28,6 +28,7 @@ use futures::FutureExt;
 
 use crate::server::HandedOver;
 
+use super::acquire::Answer;
 use super::*;
 
 /// What the late answers of a hand-over round are reconciled against.
@@ -123,8 +124,15 @@ impl Shared {
 
         let won = handed.len() >= self.quorum && Instant::now() < valid_until;
         let token = if won {
-            let granted: Vec<(usize, u64, u32, u64)> =
-                handed.iter().map(|&(i, t)| (i, t, 1, 0)).collect();
+            let granted: Vec<Answer> = handed
+                .iter()
+                .map(|&(master, token)| Answer {
+                    master,
+                    token,
+                    count: 1,
+                    fence: 0,
+                })
+                .collect();
             self.settle(to, &granted, valid_until).await
         } else {
             None

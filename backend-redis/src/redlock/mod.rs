@@ -60,7 +60,9 @@ mod round;
 
 use crate::server::{Holder, Server};
 use late::{decode_key, encode_key, LateTable};
-use round::{finish_late, join_errors, kth_largest, next_before, no_answer, Deadline, Pending};
+use round::{
+    agreed, finish_late, join_errors, kth_largest, next_before, no_answer, Deadline, Pending,
+};
 
 /// What [`RedLock`] promises.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new()
@@ -393,10 +395,13 @@ impl DistributedLock for RedLock {
             if mine.len() < s.quorum {
                 continue;
             }
-            let token = mine
+            // The grant's token is the one a majority of its masters keep (a late master may
+            // not have had it written yet); the largest while a write-back is under way.
+            let kept = mine
                 .iter()
-                .map(|h| if h.fence > 0 { h.fence } else { h.token })
-                .max()
+                .map(|h| if h.fence > 0 { h.fence } else { h.token });
+            let token = agreed(kept.clone(), s.quorum)
+                .or_else(|| kept.max())
                 .unwrap_or(0);
             let info = LockInfo::new(
                 owner.clone(),

@@ -20,6 +20,16 @@ pub(super) fn kth_largest<T: Ord + Copy>(mut values: Vec<T>, k: usize) -> Option
     k.checked_sub(1).and_then(|i| values.get(i).copied())
 }
 
+/// The value at least `k` of `values` share, if any: the token a majority of masters keep.
+pub(super) fn agreed(values: impl IntoIterator<Item = u64>, k: usize) -> Option<u64> {
+    let mut values: Vec<u64> = values.into_iter().collect();
+    values.sort_unstable();
+    values
+        .chunk_by(|a, b| a == b)
+        .find(|run| run.len() >= k)
+        .map(|run| run[0])
+}
+
 /// The requests of one round still in flight: master index and answer.
 pub(super) type Pending<T> = FuturesUnordered<BoxFuture<'static, (usize, Result<T>)>>;
 

@@ -27,6 +27,7 @@ mod reentrancy;
 mod safe_until;
 mod scoped;
 mod waiting;
+mod workload;
 
 use basics::*;
 use faults::*;
@@ -41,6 +42,7 @@ use reentrancy::*;
 use safe_until::*;
 use scoped::*;
 use waiting::*;
+use workload::*;
 
 type Gate = Result<(), &'static str>;
 
@@ -174,6 +176,7 @@ cases! {
     bad_list_prefix_is_invalid_argument: always,
     force_release_frees_only_the_grant_of_its_token: always,
     holder_tells_when_the_grant_began: always,
+    a_mixed_workload_with_reentry_never_has_two_holders: always,
 }
 
 // Helpers shared by the topics.

@@ -1,0 +1,209 @@
+//! A RedLock grant is one value on every master: the guard's token, the token `holder()`
+//! reports and the one `force_release` accepts are the token each master of the grant keeps
+//! (its derived fence where one was written, else its own counter's value) — after contended
+//! grants on masters whose counters disagree, after re-entries, and after hand-overs between
+//! tasks of one handle. Every master is read directly, not through the client.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_conformance::hosts_of;
+use distlock_redis::redis::AsyncCommands;
+use distlock_redis::{LockExt, LockGuard, LockName, LockOptions, RedLock, RedLockConfig};
+
+fn skipped() -> bool {
+    let skip = distlock_conformance::skipped_by_env("redlock");
+    if skip {
+        eprintln!("SKIPPING: DISTLOCK_SKIP names redlock");
+    }
+    skip
+}
+
+async fn client() -> Arc<RedLock> {
+    Arc::new(
+        RedLock::connect(RedLockConfig::from_url(&common::redlock_url()).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n  start the masters: scripts/services up redis")),
+    )
+}
+
+fn master_urls() -> Vec<String> {
+    hosts_of(&common::redlock_url())
+        .into_iter()
+        .map(|h| format!("redis://{h}"))
+        .collect()
+}
+
+/// What one master keeps of a lock: its owner, hold count and token (the fence if written).
+async fn kept_on(url: &str, name: &LockName) -> Option<(String, u32, u64)> {
+    let key = RedLockConfig::from_url(&common::redlock_url())
+        .unwrap()
+        .lock_key(name);
+    let mut con = common::raw(url).await.unwrap();
+    let fields: Vec<(String, String)> = con.hgetall(&key).await.unwrap();
+    let field = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone());
+    let (owner, count) = fields.iter().find(|(k, _)| !k.starts_with('#'))?;
+    let token = field("#fence")
+        .or_else(|| field("#token"))
+        .and_then(|t| t.parse().ok())?;
+    Some((owner.clone(), count.parse().unwrap(), token))
+}
+
+/// Checks `g` against every master: a majority keep its owner with its token and hold count
+/// at once, and within a moment (late masters join in the background) every master that keeps
+/// its owner keeps that token; `holder()` reports the same token.
+async fn agrees_with_the_masters(lock: &Arc<RedLock>, g: &LockGuard, what: &str) {
+    let name = g.name();
+    let owner = g.owner().text().to_string();
+    let masters = master_urls();
+    let quorum = masters.len() / 2 + 1;
+    let mut kept = Vec::new();
+    for m in &masters {
+        kept.push(kept_on(m, name).await);
+    }
+    let agreeing = kept
+        .iter()
+        .flatten()
+        .filter(|(o, n, t)| *o == owner && *t == g.token().0 && *n >= g.hold_count())
+        .count();
+    assert!(
+        agreeing >= quorum,
+        "{what}: guard token {} ({} holds), masters keep {kept:?}",
+        g.token(),
+        g.hold_count()
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let mut kept = Vec::new();
+        for m in &masters {
+            kept.push(kept_on(m, name).await);
+        }
+        let odd: Vec<_> = kept
+            .iter()
+            .flatten()
+            .filter(|(o, _, t)| *o == owner && *t != g.token().0)
+            .collect();
+        if odd.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: guard token {}, yet masters keep {odd:?} for its owner",
+            g.token()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info = lock.holder(name.as_str()).await.unwrap().expect("held");
+    assert_eq!(
+        (info.owner.text().to_string(), info.token),
+        (owner.clone(), g.token()),
+        "{what}: holder() disagrees with the guard"
+    );
+}
+
+/// Puts the masters' counters for `name` out of step, as grants that reached only some of
+/// them leave them: each master's counter a different distance ahead.
+async fn counters_out_of_step(name: &LockName) {
+    let key = RedLockConfig::from_url(&common::redlock_url())
+        .unwrap()
+        .fence_key(name);
+    for (i, m) in master_urls().iter().enumerate() {
+        let mut con = common::raw(m).await.unwrap();
+        let _: u64 = con.incr(&key, 3 * i as u64 + 1).await.unwrap();
+    }
+}
+
+/// Four handles contend for one name; every grant (fresh, with the counters out of step; and
+/// re-entered) is checked against the masters, and `force_release` by another handle takes
+/// exactly the guard's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_grants_and_reentries_keep_one_token_on_every_master() {
+    if skipped() {
+        return;
+    }
+    let name = LockName::new(common::unique("redlock-tokens")).unwrap();
+    counters_out_of_step(&name).await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(client().await);
+    }
+    let operator = client().await;
+    let mut tasks = Vec::new();
+    for (h, lock) in handles.into_iter().enumerate() {
+        let (name, operator) = (name.clone(), operator.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..12 {
+                let what = format!("handle {h}, round {round}");
+                if round % 4 == 3 {
+                    // Another step of the counters, so that later grants disagree again.
+                    counters_out_of_step(&name).await;
+                }
+                let g = lock
+                    .lock(name.as_str(), Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                agrees_with_the_masters(&lock, &g, &what).await;
+                let inner = g.reenter().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!((inner.token(), inner.hold_count()), (g.token(), 2));
+                agrees_with_the_masters(&lock, &inner, &format!("{what}, re-entered")).await;
+                assert!(inner.release().await.unwrap());
+                if round % 3 == 2 {
+                    let wrong = distlock_redis::FencingToken(g.token().0 + 1);
+                    assert!(!operator.force_release(name.as_str(), wrong).await.unwrap());
+                    assert!(
+                        operator
+                            .force_release(name.as_str(), g.token())
+                            .await
+                            .unwrap(),
+                        "{what}: force_release refused the guard's token {}",
+                        g.token()
+                    );
+                    drop(g);
+                } else {
+                    assert!(g.release().await.unwrap(), "{what}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Tasks of one handle hand the lock to each other; each hand-over's grant is checked against
+/// the masters, before and after a re-entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_keep_one_token_on_every_master() {
+    if skipped() {
+        return;
+    }
+    let name = LockName::new(common::unique("redlock-tokens-ho")).unwrap();
+    counters_out_of_step(&name).await;
+    let lock = client().await;
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .wait(Duration::from_secs(20));
+    let mut tasks = Vec::new();
+    for t in 0..3 {
+        let (lock, name, opts) = (lock.clone(), name.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..8 {
+                let what = format!("task {t}, round {round}");
+                let g = lock.lock_with(name.as_str(), &opts).await.unwrap();
+                agrees_with_the_masters(&lock, &g, &what).await;
+                if round % 2 == 0 {
+                    let inner = g.reenter().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    agrees_with_the_masters(&lock, &inner, &format!("{what}, re-entered")).await;
+                    assert!(inner.release().await.unwrap());
+                }
+                assert!(g.release().await.unwrap(), "{what}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(lock.holder(name.as_str()).await.unwrap().is_none());
+}
