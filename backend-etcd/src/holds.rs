@@ -131,6 +131,11 @@ pub(crate) struct Gated {
     pub(crate) gate: OwnedMutexGuard<()>,
     pub(crate) slot: SlotRef,
     repair: Repair,
+    /// The request that creates the key, while it is under way. It runs as a task of its own,
+    /// so a dropped acquire does not cut it off half-way: the repair waits for it to land
+    /// before deleting. (Cut off, it may still be applied by the server after the repair's
+    /// delete, and leave a queue entry that no guard owns, holding the lock forever.)
+    pub(crate) in_flight: Option<tokio::task::JoinHandle<Result<TxnResponse>>>,
 }
 
 /// An operation on an entry key under way.
@@ -139,12 +144,21 @@ pub(crate) type Pending = Armed<Gated>;
 impl Gated {
     /// Arms `repair` for the key of `slot`, whose `gate` the operation holds.
     pub(crate) fn armed(slot: SlotRef, gate: OwnedMutexGuard<()>, repair: Repair) -> Pending {
-        Armed::new(Self { gate, slot, repair })
+        Armed::new(Self {
+            gate,
+            slot,
+            repair,
+            in_flight: None,
+        })
     }
 }
 
 impl Cleanup for Gated {
     async fn run(self) {
+        if let Some(request) = self.in_flight {
+            // Bounded by the request's own operation timeout.
+            let _ = request.await;
+        }
         repair(self.slot, self.gate, self.repair).await;
     }
 }

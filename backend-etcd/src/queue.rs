@@ -13,7 +13,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::holds::{
-    entries, lock, put_count, range_count, range_result, Gated, Holds, Repair, Shared,
+    entries, lock, put_count, range_count, range_result, Gated, Holds, Pending, Repair, Shared,
 };
 use crate::keys;
 use crate::lease::LeaseInfo;
@@ -149,12 +149,12 @@ impl Shared {
             (gate, slot)
         };
 
-        let pending = Gated::armed(slot, gate, Repair::Delete);
+        let mut pending = Gated::armed(slot, gate, Repair::Delete);
         // A hot lock's directory is watched by this client already: subscribed before the
         // queueing, the waiter sees every delete after the queue it reads, and needs no
         // second look at its predecessor before it waits.
         let early = deadline.and_then(|_| self.watches.subscribe_if_live(&self.endpoints, &dir));
-        let (my_rev, pred, older) = self.enqueue(&key, &dir, lease.id).await?;
+        let (my_rev, pred, older) = self.enqueue(&key, &dir, lease.id, &mut pending).await?;
         // Every older entry is known, and the subscription made before the read sees each of
         // their deletes: the waiter can count them down.
         let older = older.filter(|_| early.is_some());
@@ -198,10 +198,11 @@ impl Shared {
     /// create-revision, the entry just before it, if any, and every entry older than it when
     /// the queue is at most [`QUEUE_READ`] deep.
     pub(crate) async fn enqueue(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         dir: &str,
         lease_id: i64,
+        pending: &mut Pending,
     ) -> Result<(i64, Option<Pred>, Option<Older>)> {
         for _ in 0..3 {
             // Our put is the newest write, so the newest entry is ours, the next the one we
@@ -220,7 +221,20 @@ impl Shared {
                     ),
                 ])
                 .or_else([TxnOp::get(key, None)]);
-            let resp = self.txn("queueing", txn).await?;
+            // Sent from a task of its own, which the key's repair waits for if this acquire
+            // is dropped meanwhile (see `Gated::in_flight`).
+            let s = self.clone();
+            let request = pending
+                .in_flight
+                .insert(tokio::spawn(async move { s.txn("queueing", txn).await }));
+            let resp = request.await.map_err(|e| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("the queueing request failed: {e}"),
+                )
+            });
+            pending.in_flight = None;
+            let resp = resp??;
             if resp.succeeded() {
                 let kvs = range_result(&resp, 1)?;
                 let mine = kvs

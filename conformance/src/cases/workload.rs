@@ -14,9 +14,13 @@ const DEFAULT_ROUNDS: u32 = 60;
 
 /// One believed hold: from the moment the grant was returned to the first of letting go, the
 /// guard's safe-until, and the moment `lost()` was seen.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Held {
     task: usize,
+    round: u32,
+    owner: OwnerId,
+    /// How the hold was taken and let go, for a failure's report.
+    story: String,
     token: u64,
     from: Instant,
     to: Instant,
@@ -100,6 +104,8 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
                     Err(e) => panic!("{what}: acquire failed: {e}"),
                 };
                 let from = Instant::now();
+                let owner = g.owner().clone();
+                let mut story = String::new();
                 let lost_at = Arc::new(Mutex::new(None));
                 {
                     let (lost, lost_at) = (g.lost(), lost_at.clone());
@@ -138,6 +144,7 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
                     let sure = surely_held(&g, Duration::from_millis(150));
                     match g.reenter().await {
                         Ok(inner) => {
+                            story.push_str("re-entered; ");
                             assert_eq!(
                                 (inner.token(), inner.hold_count()),
                                 (g.token(), g.hold_count() + 1),
@@ -170,18 +177,32 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
                 if dice.roll(2) == 0 {
                     guards.reverse();
                 }
+                let inner_first = guards.len() == 2 && guards[0].hold_count() == 2;
+                if inner_first {
+                    story.push_str("inner first; ");
+                }
                 for g in guards {
                     to = to.max(believed_end(&g, &lost_at, Instant::now()));
                     match dice.roll(3) {
                         0 => {
-                            let _ = g.release().await;
+                            let r = g.release().await;
+                            story.push_str(&format!("released: {r:?}; "));
                         }
-                        1 => drop(g),
-                        _ => std::thread::spawn(move || drop(g)).join().unwrap(),
+                        1 => {
+                            drop(g);
+                            story.push_str("dropped; ");
+                        }
+                        _ => {
+                            std::thread::spawn(move || drop(g)).join().unwrap();
+                            story.push_str("dropped on a thread; ");
+                        }
                     }
                 }
                 history.lock().unwrap().push(Held {
                     task,
+                    round,
+                    owner,
+                    story,
                     token,
                     from,
                     to,
@@ -197,10 +218,26 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
     // Nothing leaked: every hold let go, every cancelled wait left nothing, so the lock is
     // free for a newcomer at once (a leak would hold it for a whole lease or forever).
     let newcomer = cx.client().await;
-    let g = newcomer
-        .lock(&name, Duration::from_secs(5))
-        .await
-        .unwrap_or_else(|e| panic!("seed {seed}: the lock stayed taken after the workload: {e}"));
+    let g = match newcomer.lock(&name, Duration::from_secs(5)).await {
+        Ok(g) => g,
+        Err(e) => {
+            let holder = newcomer.holder(&name).await;
+            let story: Vec<_> = held
+                .iter()
+                .filter(|h| {
+                    holder
+                        .as_ref()
+                        .is_ok_and(|i| i.as_ref().is_some_and(|i| i.owner == h.owner))
+                })
+                .map(|h| format!("task {} round {}: {}", h.task, h.round, h.story))
+                .collect();
+            panic!(
+                "seed {seed}: the lock stayed taken after the workload: {e}; holder {holder:?} \
+                 (its holds in the workload: {story:?}); on the server {:?}",
+                cx.harness().leftovers(cx.prefix()).await
+            )
+        }
+    };
     assert!(g.release().await.unwrap());
     cx.until_nothing_is_left(Duration::from_secs(10)).await;
 }
@@ -214,7 +251,7 @@ fn check_history(held: &mut [Held], fencing: bool, seed: u64) {
         held.len()
     );
     held.sort_by_key(|h| h.from);
-    let mut last: Option<Held> = None;
+    let mut last: Option<&Held> = None;
     for h in held.iter() {
         if let Some(p) = last {
             assert!(
@@ -237,7 +274,7 @@ fn check_history(held: &mut [Held], fencing: bool, seed: u64) {
             );
         }
         if last.is_none_or(|p| h.to > p.to) {
-            last = Some(*h);
+            last = Some(h);
         }
     }
 }
