@@ -1,6 +1,7 @@
-//! The spans, events and metrics the README promises, from a networked backend against a real
-//! server: an acquire span with its outcome and token, renewals, a lost lock with its reason, and
-//! the background settling of a lost answer (a private redis-server paused mid-request).
+//! The spans, events and metrics `docs/observability.md` lists, from a networked backend against
+//! a real server: an acquire span with its outcome and token, renewals, a lost lock with its
+//! reason, and the background settling of a lost answer (a private redis-server paused
+//! mid-request).
 
 mod common;
 

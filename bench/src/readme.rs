@@ -1,6 +1,6 @@
-//! The README's benchmark table, generated from a run so the numbers a reader sees on the front
-//! page are the numbers of the committed example report. Every run writes it to
-//! `readme-snippet.md` next to the report; a test keeps the README equal to the snippet of the
+//! The benchmark table of `docs/benchmark.md` (linked from the README), generated from a run so
+//! the numbers a reader sees are the numbers of the committed example report. Every run writes it
+//! to `readme-snippet.md` next to the report; a test keeps the page equal to the snippet of the
 //! committed `bench/report/results.json`.
 
 use std::fmt::Write as _;
@@ -8,13 +8,13 @@ use std::fmt::Write as _;
 use crate::format::{rate, ratio, us};
 use crate::results::Results;
 
-/// The line before the generated block in README.md.
+/// The line before the generated block in docs/benchmark.md.
 pub(crate) const BEGIN: &str =
     "<!-- bench:begin (generated from bench/report/results.json; paste bench/report/readme-snippet.md) -->";
 /// The line after it.
 pub(crate) const END: &str = "<!-- bench:end -->";
 
-/// The README's block, [`BEGIN`] and [`END`] lines included.
+/// The page's block, [`BEGIN`] and [`END`] lines included.
 pub(crate) fn snippet(r: &Results) -> String {
     let mut out = String::new();
     out.push_str(BEGIN);
@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(thousands(1_000_000), "1,000,000");
     }
 
-    /// The README quotes the committed example report, number for number.
+    /// docs/benchmark.md quotes the committed example report, number for number.
     #[test]
     fn readme_quotes_the_committed_report() {
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
@@ -135,17 +135,20 @@ mod tests {
             results.meta.mode, "full",
             "the example report is a full run"
         );
-        let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+        let readme = std::fs::read_to_string(format!("{root}/docs/benchmark.md")).unwrap();
         let start = readme
             .find(BEGIN)
-            .expect("README has the bench:begin marker");
-        let end = readme.find(END).expect("README has the bench:end marker") + END.len();
+            .expect("docs/benchmark.md has the bench:begin marker");
+        let end = readme
+            .find(END)
+            .expect("docs/benchmark.md has the bench:end marker")
+            + END.len();
         let quoted = readme[start..end].trim();
         let expected = snippet(&results);
         assert_eq!(
             quoted,
             expected.trim(),
-            "README.md's benchmark block differs from bench/report/results.json: paste \
+            "docs/benchmark.md's benchmark block differs from bench/report/results.json: paste \
              bench/report/readme-snippet.md over the block"
         );
     }

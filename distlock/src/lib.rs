@@ -11,6 +11,34 @@ pub use connect::{backends, connect, schemes};
 pub use distlock_api::*;
 pub use table::capability_table;
 
+// The guide's pages under docs/, compiled only as doctests: their Rust examples run like the
+// README's, so a page cannot drift from the API. Every topic page is listed, with or without
+// Rust blocks today, so an example added later is tested without touching this file.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/choosing-a-backend.md")]
+mod choosing_a_backend_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/ownership-and-reentry.md")]
+mod ownership_and_reentry_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/when-servers-fail.md")]
+mod when_servers_fail_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/configuration.md")]
+mod configuration_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/observability.md")]
+mod observability_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/fault-campaign.md")]
+mod fault_campaign_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/benchmark.md")]
+mod benchmark_doc {}
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/adding-a-backend.md")]
+mod adding_a_backend_doc {}
+
 /// The Redis and RedLock backends (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -1,6 +1,6 @@
 //! What distlock tells operators, written once for every backend: `tracing` spans and events,
 //! and, with the `metrics` feature, counters, histograms and a gauge through the `metrics`
-//! facade. The README lists every name and label.
+//! facade. `docs/observability.md` lists every name and label.
 //!
 //! Nothing is logged at `info` or above on a lock cycle that goes well: spans and events of
 //! acquires, releases and renewals are at `debug`; a renewal that failed, a lock lost and work

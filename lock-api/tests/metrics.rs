@@ -1,5 +1,5 @@
-//! The metrics the README promises, recorded by the in-memory backend: names, labels and values
-//! after a known sequence of lock calls.
+//! The metrics `docs/observability.md` lists, recorded by the in-memory backend: names, labels
+//! and values after a known sequence of lock calls.
 #![cfg(feature = "metrics")]
 
 use std::collections::HashMap;
