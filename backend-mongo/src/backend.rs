@@ -13,7 +13,6 @@ use distlock_api::{
 };
 use futures::TryStreamExt;
 use mongodb::bson::{doc, Bson, Document};
-use mongodb::error::{ErrorKind as DriverKind, WriteFailure};
 use mongodb::options::{
     ClientOptions, CollectionOptions, ReadConcern, ReadPreference, ReturnDocument,
     SelectionCriteria, WriteConcern,
@@ -22,6 +21,7 @@ use mongodb::{Client, Collection};
 
 use crate::commands::{self, COUNT, GRANTED_AT, OWNER, REMAINING_MS, TOKEN};
 use crate::config::{driver_message, MongoConfig};
+use crate::error::{command_code, map_err};
 use crate::streams::Streams;
 use crate::BACKEND;
 
@@ -46,27 +46,6 @@ pub const POLL_CAP: Duration = crate::config::DEFAULT_BACKOFF_CAP;
 
 /// The duplicate-key error code: a concurrent upsert inserted the document first.
 const DUPLICATE_KEY: i32 = 11000;
-
-/// Server error codes that mean "not now": the node is stepping down, shutting down, not
-/// primary, or a network or time limit on the server's side was hit. The operation did not
-/// take effect or, for write-concern timeouts, its outcome is unknown; either way a retry may
-/// succeed.
-const TEMPORARY_CODES: &[i32] = &[
-    6,     // HostUnreachable
-    7,     // HostNotFound
-    50,    // MaxTimeMSExpired
-    64,    // WriteConcernFailed (wtimeout)
-    89,    // NetworkTimeout
-    91,    // ShutdownInProgress
-    189,   // PrimarySteppedDown
-    262,   // ExceededTimeLimit
-    9001,  // SocketException
-    10107, // NotWritablePrimary
-    11600, // InterruptedAtShutdown
-    11602, // InterruptedDueToReplStateChange
-    13435, // NotPrimaryNoSecondaryOk
-    13436, // NotPrimaryOrSecondary
-];
 
 /// What the server reported at connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -875,40 +854,6 @@ async fn bounded<T>(
             duplicate_key: false,
         }),
     }
-}
-
-/// The server's error code, wherever the driver put it.
-fn command_code(e: &mongodb::error::Error) -> Option<i32> {
-    match e.kind.as_ref() {
-        DriverKind::Command(c) => Some(c.code),
-        DriverKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
-        DriverKind::Write(WriteFailure::WriteConcernError(w)) => Some(w.code),
-        _ => None,
-    }
-}
-
-/// Maps a driver error: unreachable, timed out, or a node that is not (or no longer) primary is
-/// `Unavailable` and temporary; a write-concern timeout too (its outcome is unknown); the rest
-/// is `Backend`.
-pub(crate) fn map_err(e: mongodb::error::Error, what: &str) -> Error {
-    let kind = match e.kind.as_ref() {
-        DriverKind::Io(_)
-        | DriverKind::ServerSelection { .. }
-        | DriverKind::ConnectionPoolCleared { .. }
-        | DriverKind::DnsResolve { .. }
-        | DriverKind::Shutdown => ErrorKind::Unavailable,
-        DriverKind::InvalidArgument { .. } | DriverKind::InvalidTlsConfig { .. } => {
-            ErrorKind::InvalidArgument
-        }
-        _ if command_code(&e).is_some_and(|c| TEMPORARY_CODES.contains(&c)) => {
-            ErrorKind::Unavailable
-        }
-        _ if e.contains_label("RetryableWriteError") => ErrorKind::Unavailable,
-        _ => ErrorKind::Backend,
-    };
-    Error::new(kind, what.to_string())
-        .with_backend(BACKEND)
-        .with_source(e)
 }
 
 #[cfg(test)]

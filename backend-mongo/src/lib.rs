@@ -5,6 +5,7 @@
 mod backend;
 mod commands;
 mod config;
+mod error;
 mod streams;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -36,8 +36,8 @@ use mongodb::change_stream::ChangeStream;
 use mongodb::Collection;
 use tokio::sync::{watch, OnceCell};
 
-use crate::backend::map_err;
 use crate::commands::OWNER;
+use crate::error::map_err;
 use crate::BACKEND;
 
 /// How long a stream stays open with no subscriber: a hot lock's waiters come back well within

@@ -9,7 +9,8 @@ use std::time::Duration;
 use distlock_api::backend::wait::{Attempt, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
 use distlock_api::{
-    Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, Result, SharedLock,
+    Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, OwnerId, Result,
+    SharedLock,
 };
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
@@ -112,6 +113,10 @@ impl DistributedLock for Counting {
         self.inner.release(grant).await
     }
 
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+        self.inner.give_back(name, owner, ttl).await
+    }
+
     fn hands_over(&self) -> bool {
         self.inner.hands_over()
     }
@@ -185,5 +190,15 @@ mod tests {
         assert_eq!(counting.renew_errors(), 0);
         assert!(!guard.is_lost());
         assert!(guard.release().await.unwrap());
+    }
+
+    #[test]
+    fn the_wrapper_forwards_every_method_of_the_trait() {
+        let missing = distlock_api::backend::testing::missing_forwards(
+            include_str!("../../lock-api/src/lock.rs"),
+            include_str!("counting.rs"),
+            "Counting",
+        );
+        assert!(missing.is_empty(), "Counting does not forward {missing:?}");
     }
 }

@@ -5,6 +5,18 @@
 //! 2. Among grants believed for any time at all, tokens strictly increase in grant order.
 //! 3. The counter is exact: every set the resource saw was the value before it plus one.
 //! 4. (The runner's residue check, after the leases ran out.)
+//! 5. Each guard's safe-until is bounded by the history's own fields, not the library's word:
+//!    a grant's by its completion plus the lease it reports minus the stated drift margin
+//!    (the request was sent before the grant completed); an extend's by the longer of the
+//!    safe-until before it and its own completion plus the lease asked for, minus the margin.
+//! 6. A re-entry is the grant it re-enters: the same token; and a re-entry is not refused as
+//!    lost while its grant is still believed, unless a fault came between the grant and it.
+//!    And by the server's own word: a guard's safe-until, read before asking the server (through
+//!    `holder()`) for the lease left, is not past the server's expiry — the answer's
+//!    completion plus that lease.
+//! 7. The lock stays available: outside fault windows, an acquire of a name is not refused
+//!    while nobody has believed holding it for longer than a lease plus [`AVAILABILITY_SLACK_NS`]
+//!    (a hold nobody owns: a cancelled acquire's, a lost reply's never given back).
 //!
 //! A violation names the offending operations and prints their records.
 
@@ -85,7 +97,29 @@ pub(crate) struct Checked {
     pub(crate) grants_during_faults: usize,
     /// Acquires by outcome.
     pub(crate) outcomes: BTreeMap<String, usize>,
+    /// Zombie writes attempted (a holder writing with its old token after its lease ran out,
+    /// without checking), and how many of them the register refused.
+    pub(crate) zombie_writes: usize,
+    /// Zombie writes the register refused: a newer grant had written.
+    pub(crate) zombies_fenced: usize,
+    /// Re-entries attempted, and granted.
+    pub(crate) reentries: usize,
+    /// Re-entries granted.
+    pub(crate) reentries_granted: usize,
 }
+
+/// The drift margin the contract subtracts from a lease for a guard's safe-until: 1% of it
+/// plus 2 ms (DESIGN.md, "Lease"), in ns.
+fn drift_ns(ttl_ms: u64) -> u64 {
+    (ttl_ms * 1_000_000) / 100 + 2_000_000
+}
+
+/// How long past a lease a lock may stay refused with no believed holder (a release on its
+/// way, a dead holder's lease running out on a loaded machine), in ns.
+const AVAILABILITY_SLACK_NS: u64 = 2_000_000_000;
+
+/// Slack for converting instants between the client's clocks, in ns.
+const CLOCK_SLACK_NS: u64 = 200_000;
 
 /// Checks a run: the clients' records, the nemesis' faults, the resource's final state, and
 /// when the run ended (the end of belief of a grant whose process never recorded one).
@@ -141,7 +175,9 @@ pub(crate) fn check(
         // longer its own, or the register refused one of its writes (a later token got there).
         let learned = by_id[id].iter().any(|r| match r {
             Rec::Release { result, .. } => result == "not_held",
-            Rec::Write { accepted, .. } => !accepted,
+            Rec::Write {
+                accepted, zombie, ..
+            } => !accepted && !zombie,
             _ => false,
         });
         let (end, why, lost) = match (ended, killed.get(&id.pid)) {
@@ -250,6 +286,222 @@ pub(crate) fn check(
         }
     }
 
+    // (5) Safe-until from the history's own fields.
+    let mut believed_until: HashMap<OpId, u64> = HashMap::new();
+    for r in recs {
+        match r {
+            Rec::Acquire {
+                id,
+                complete,
+                outcome,
+                safe_until: Some(su),
+                ttl_ms: Some(ttl),
+                ..
+            } if outcome == "granted" => {
+                let bound = (complete + ttl * 1_000_000).saturating_sub(drift_ns(*ttl));
+                if *su > bound + CLOCK_SLACK_NS {
+                    out.violations.push(format!(
+                        "safe-until of {id}: {:.1} ms past its completion plus its {ttl} ms lease \
+                         minus the drift margin",
+                        ms_between(bound, *su)
+                    ));
+                }
+                believed_until.insert(*id, *su);
+            }
+            Rec::Extend {
+                id,
+                ttl_ms,
+                complete,
+                ok: true,
+                safe_until: Some(su),
+                ..
+            } => {
+                let asked = (complete + ttl_ms * 1_000_000).saturating_sub(drift_ns(*ttl_ms));
+                let bound = believed_until.get(id).copied().unwrap_or(0).max(asked);
+                if *su > bound + CLOCK_SLACK_NS {
+                    out.violations.push(format!(
+                        "safe-until of {id} after extend({ttl_ms} ms): {:.1} ms past both the \
+                         lease before it and the one asked for",
+                        ms_between(bound, *su)
+                    ));
+                }
+                believed_until.insert(*id, *su);
+            }
+            _ => {}
+        }
+    }
+
+    for r in recs {
+        if let Rec::Acquire {
+            id,
+            outcome,
+            safe_until: None,
+            ttl_ms: Some(ttl),
+            ..
+        } = r
+        {
+            if outcome == "granted" {
+                out.violations.push(format!(
+                    "safe-until of {id}: none, for a grant with a {ttl} ms lease"
+                ));
+            }
+        }
+    }
+
+    // (7) Availability, outside fault windows.
+    let lease_ns = recs
+        .iter()
+        .filter_map(|r| match r {
+            Rec::Acquire {
+                ttl_ms: Some(t), ..
+            } => Some(t * 1_000_000),
+            _ => None,
+        })
+        .max();
+    if let Some(lease_ns) = lease_ns {
+        let bound = lease_ns + AVAILABILITY_SLACK_NS;
+        let first_try: BTreeMap<&str, u64> = recs.iter().fold(BTreeMap::new(), |mut m, r| {
+            if let Rec::Acquire { name, invoke, .. } = r {
+                let e = m.entry(name.as_str()).or_insert(*invoke);
+                *e = (*e).min(*invoke);
+            }
+            m
+        });
+        let mut faulted = Vec::new();
+        let mut open: Option<u64> = None;
+        for f in faults {
+            match (f.recover_from, open) {
+                (false, None) => open = Some(f.at),
+                (true, Some(from)) => {
+                    faulted.push((from, f.at + bound));
+                    open = None;
+                }
+                (false, Some(_)) => {}
+                (true, None) => faulted.push((f.at, f.at + bound)),
+            }
+        }
+        if let Some(from) = open {
+            faulted.push((from, u64::MAX));
+        }
+        let mut reported: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in recs {
+            let Rec::Acquire {
+                id,
+                name,
+                invoke,
+                complete,
+                outcome,
+                ..
+            } = r
+            else {
+                continue;
+            };
+            // Refused at `at`: a try at some instant of its call (its start, to be safe), a
+            // wait when it gave up. Nobody may have believed holding it for a lease and slack.
+            let at = match outcome.as_str() {
+                "busy" => *invoke,
+                "timeout" => *complete,
+                _ => continue,
+            };
+            let since = at.saturating_sub(bound);
+            if since < first_try.get(name.as_str()).copied().unwrap_or(0)
+                || faulted.iter().any(|&(a, b)| a <= at && since <= b)
+            {
+                continue;
+            }
+            let believed = by_name
+                .get(name.as_str())
+                .is_some_and(|gs| gs.iter().any(|g| g.start <= at && since <= g.end));
+            if !believed {
+                let n = reported.entry(name.as_str()).or_default();
+                *n += 1;
+                if *n <= 3 {
+                    out.violations.push(format!(
+                        "availability of {name:?}: {id} was refused ({outcome}) though nobody \
+                         had believed holding it for {:.0} ms (a lease plus slack is {:.0} ms)",
+                        ms_between(
+                            by_name
+                                .get(name.as_str())
+                                .and_then(|gs| gs
+                                    .iter()
+                                    .filter(|g| g.end <= at)
+                                    .map(|g| g.end)
+                                    .max())
+                                .unwrap_or(first_try[name.as_str()])
+                                .max(first_try[name.as_str()]),
+                            at
+                        ),
+                        bound as f64 / 1e6
+                    ));
+                }
+            }
+        }
+    }
+
+    // (5b) Safe-until against the server's expiry.
+    for r in recs {
+        if let Rec::Expiry {
+            id,
+            safe_until: Some(su),
+            complete,
+            holder_is_grant: true,
+            remaining_ms: Some(left),
+            ..
+        } = r
+        {
+            // The server counts its lease in whole ms.
+            let expiry = complete + (left + 1) * 1_000_000;
+            if *su > expiry + CLOCK_SLACK_NS {
+                out.violations.push(format!(
+                    "safe-until of {id}: {:.1} ms past the server's expiry ({left} ms left when \
+                     asked)",
+                    ms_between(expiry, *su)
+                ));
+            }
+        }
+    }
+
+    // (6) Re-entries.
+    let by_grant: HashMap<OpId, &Grant> = grants.iter().map(|g| (g.id, g)).collect();
+    for r in recs {
+        let Rec::Reenter {
+            id,
+            complete,
+            token,
+            error,
+            ..
+        } = r
+        else {
+            continue;
+        };
+        out.reentries += 1;
+        let Some(g) = by_grant.get(id) else { continue };
+        match (token, error) {
+            (Some(t), _) => {
+                out.reentries_granted += 1;
+                if *t != g.token {
+                    out.violations.push(format!(
+                        "re-entry of {id} was granted token {t}, its grant holds {}\n{}",
+                        g.token,
+                        show(g)
+                    ));
+                }
+            }
+            (None, Some(e)) if e.starts_with("Lost") => {
+                let fault_between = faults.iter().any(|f| g.start <= f.at && f.at <= *complete);
+                if g.end > complete + 20_000_000 && !fault_between {
+                    out.violations.push(format!(
+                        "re-entry of {id} was refused as lost while its grant was believed for \
+                         {:.1} ms more, with no fault in between: {e}\n{}",
+                        ms_between(*complete, g.end),
+                        show(g)
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+
     // (3) The counter, and what the register saw.
     let mut done: BTreeMap<&str, u64> = BTreeMap::new();
     for r in recs {
@@ -277,6 +529,17 @@ pub(crate) fn check(
                 "counter of {name:?}: clients saw {acked} increments done, the resource {}",
                 cell.sets
             ));
+        }
+    }
+    for r in recs {
+        if let Rec::Write {
+            zombie: true,
+            accepted,
+            ..
+        } = r
+        {
+            out.zombie_writes += 1;
+            out.zombies_fenced += usize::from(!accepted);
         }
     }
     let ends: HashMap<OpId, u64> = grants.iter().map(|g| (g.id, g.end)).collect();
@@ -533,6 +796,7 @@ mod tests {
             invoke: 50,
             complete: 51,
             accepted: false,
+            zombie: false,
         };
         for learned in [not_held, refused] {
             let h = [
@@ -546,5 +810,193 @@ mod tests {
             assert!(c.violations.is_empty(), "{:?}", c.violations);
             assert_eq!(c.expected_overlaps, 1);
         }
+    }
+
+    fn granted_with(pid: u32, token: u64, complete: u64, safe_until: u64, ttl_ms: u64) -> Rec {
+        let mut r = acquire(pid, 1, token, complete);
+        if let Rec::Acquire {
+            safe_until: s,
+            ttl_ms: t,
+            ..
+        } = &mut r
+        {
+            *s = Some(safe_until);
+            *t = Some(ttl_ms);
+        }
+        r
+    }
+
+    #[test]
+    fn a_safe_until_past_the_lease_is_a_violation() {
+        let ms = 1_000_000;
+        // A 1000 ms lease completed at 10 ms: the bound is 10 + 1000 - 12 = 998 ms.
+        let ok = [
+            granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+            end(1, 1, 20 * ms),
+        ];
+        let c = check(&ok, &[], &BTreeMap::new(), 2000 * ms, Expect::default());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        let late = [
+            granted_with(1, 1, 10 * ms, 1005 * ms, 1000),
+            end(1, 1, 20 * ms),
+        ];
+        let c = check(&late, &[], &BTreeMap::new(), 2000 * ms, Expect::default());
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert!(c.violations[0].starts_with("safe-until of 1/0/1"));
+        // An extend to a shorter lease cannot move safe-until past the longer one before it;
+        // a longer one is bounded by what it asked for.
+        let extend = |ttl_ms, complete, su| Rec::Extend {
+            id: OpId {
+                pid: 1,
+                task: 0,
+                seq: 1,
+            },
+            ttl_ms,
+            invoke: complete - 1,
+            complete,
+            ok: true,
+            error: None,
+            safe_until: Some(su),
+        };
+        let h = [
+            granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+            extend(200, 100 * ms, 998 * ms),
+            extend(2000, 200 * ms, 2178 * ms),
+            end(1, 1, 300 * ms),
+        ];
+        let c = check(&h, &[], &BTreeMap::new(), 3000 * ms, Expect::default());
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        let h = [
+            granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+            extend(2000, 200 * ms, 2300 * ms),
+            end(1, 1, 300 * ms),
+        ];
+        let c = check(&h, &[], &BTreeMap::new(), 3000 * ms, Expect::default());
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    }
+
+    #[test]
+    fn a_reentry_of_another_token_or_refused_while_believed_is_a_violation() {
+        let ms = 1_000_000;
+        let id = OpId {
+            pid: 1,
+            task: 0,
+            seq: 1,
+        };
+        let reenter = |token: Option<u64>, error: Option<&str>| Rec::Reenter {
+            id,
+            invoke: 10 * ms,
+            complete: 11 * ms,
+            token,
+            hold_count: token.map(|_| 2),
+            error: error.map(String::from),
+        };
+        let run = |r: Rec, faults: &[Fault]| {
+            let h = [acquire(1, 1, 7, ms), r, end(1, 1, 100 * ms)];
+            check(&h, faults, &BTreeMap::new(), 200 * ms, Expect::default())
+        };
+        assert!(run(reenter(Some(7), None), &[]).violations.is_empty());
+        let c = run(reenter(Some(8), None), &[]);
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert_eq!((c.reentries, c.reentries_granted), (1, 1));
+        let c = run(reenter(None, Some("Lost: ended")), &[]);
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        // Refused under a fault, or as unavailable: not the library's word against itself.
+        let fault = Fault {
+            at: 5 * ms,
+            what: "SIGSTOP redis-server".into(),
+            killed: None,
+            recover_from: false,
+            deleted: None,
+        };
+        assert!(run(reenter(None, Some("Lost: ended")), &[fault])
+            .violations
+            .is_empty());
+        assert!(run(reenter(None, Some("Unavailable: down")), &[])
+            .violations
+            .is_empty());
+    }
+
+    #[test]
+    fn a_lock_refused_long_after_its_last_believer_is_unavailable() {
+        let ms = 1_000_000;
+        let busy = |pid: u32, at: u64| {
+            let mut r = acquire(pid, 9, 0, at + 1);
+            if let Rec::Acquire {
+                outcome,
+                token,
+                invoke,
+                ..
+            } = &mut r
+            {
+                *outcome = "busy".into();
+                *token = None;
+                *invoke = at;
+            }
+            r
+        };
+        // A 1000 ms lease: refused 2.5 s after the last belief ended is within lease plus
+        // slack; 3.5 s after is a hold nobody owns.
+        let granted = granted_with(1, 1, 10 * ms, 900 * ms, 1000);
+        let run = |refused_at: u64, faults: &[Fault]| {
+            let h = [granted.clone(), end(1, 1, 100 * ms), busy(2, refused_at)];
+            check(&h, faults, &BTreeMap::new(), 10_000 * ms, Expect::default())
+        };
+        assert!(run(2_600 * ms, &[]).violations.is_empty());
+        let c = run(3_600 * ms, &[]);
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert!(c.violations[0].starts_with("availability"));
+        // Within a fault window (and a lease plus slack after it), refusals are the fault's.
+        let fault = |at, recover_from| Fault {
+            at,
+            what: "SIGSTOP redis-server".into(),
+            killed: None,
+            recover_from,
+            deleted: None,
+        };
+        let faults = [fault(3_000 * ms, false), fault(3_200 * ms, true)];
+        assert!(run(3_600 * ms, &faults).violations.is_empty());
+    }
+
+    #[test]
+    fn a_leased_grant_without_safe_until_is_a_violation() {
+        let mut r = granted_with(1, 1, 10, 900, 1000);
+        if let Rec::Acquire { safe_until, .. } = &mut r {
+            *safe_until = None;
+        }
+        let c = check(
+            &[r, end(1, 1, 20)],
+            &[],
+            &BTreeMap::new(),
+            100,
+            Expect::default(),
+        );
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    }
+
+    #[test]
+    fn a_safe_until_past_the_servers_expiry_is_a_violation() {
+        let ms = 1_000_000;
+        let id = OpId {
+            pid: 1,
+            task: 0,
+            seq: 1,
+        };
+        let expiry = |su: u64, left: u64| Rec::Expiry {
+            id,
+            safe_until: Some(su),
+            invoke: 100 * ms,
+            complete: 101 * ms,
+            holder_is_grant: true,
+            remaining_ms: Some(left),
+        };
+        let run = |r: Rec| {
+            let h = [acquire(1, 1, 7, ms), r, end(1, 1, 150 * ms)];
+            check(&h, &[], &BTreeMap::new(), 200 * ms, Expect::default())
+        };
+        assert!(run(expiry(500 * ms, 400)).violations.is_empty());
+        let c = run(expiry(900 * ms, 400));
+        assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+        assert!(c.violations[0].contains("server's expiry"));
     }
 }

@@ -1,6 +1,10 @@
 //! A client process: several tasks, some on one shared client handle and some on handles of
-//! their own, each looping acquire → fenced write → counter increment → hold → release (or
-//! drop, let expire, extend), recording every operation as a JSON line.
+//! their own, each looping acquire → fenced write → counter increment → hold → let go,
+//! recording every operation as a JSON line. The holds use the API as users do: re-entry
+//! through the guard, one to three deep (the holds let go in any order), releases and drops (on the
+//! task, or on a plain thread), fixed leases left to run out or extended shorter or longer and
+//! then held to their end, watchdog holds of several leases, and zombies: a holder that stalls
+//! after its last check and writes with its old token once its lease is over.
 
 use std::fs::File;
 use std::io::{LineWriter, Write};
@@ -91,6 +95,8 @@ pub(crate) async fn run(config: ClientConfig) -> Result<(), String> {
             task,
             out: out.clone(),
             rng: fastrand::Rng::with_seed(config.seed ^ (u64::from(task) << 32)),
+            was_zombie: false,
+            deadline: Instant::now(),
         };
         tasks.push(tokio::spawn(worker.run(deadline)));
     }
@@ -105,14 +111,20 @@ pub(crate) async fn run(config: ClientConfig) -> Result<(), String> {
 }
 
 /// What a holder does with its hold.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
     Release,
     Drop,
     /// Fixed lease, never released: held until it runs out.
     Expire,
-    /// Fixed lease, extended to a shorter or longer one.
+    /// Fixed lease, extended to a shorter or longer one, then held until the guard's
+    /// safe-until: a lease the server kept shorter than the guard believes shows as an overlap.
     Extend,
+    /// A watchdog lease held for two to five leases: renewals that do not extend show.
+    Long,
+    /// Fixed lease; after its last check the holder stalls past the lease, then writes with
+    /// its old token without checking again.
+    Zombie,
 }
 
 struct Worker {
@@ -122,6 +134,10 @@ struct Worker {
     task: u32,
     out: Out,
     rng: fastrand::Rng,
+    /// Whether this task has held as a zombie yet.
+    was_zombie: bool,
+    /// When the task stops taking the lock: long holds end by then.
+    deadline: Instant,
 }
 
 /// Keeps what a guard's `lost()` said and when, for the end of belief.
@@ -138,6 +154,7 @@ fn believes(guard: &LockGuard) -> bool {
 
 impl Worker {
     async fn run(mut self, deadline: Instant) {
+        self.deadline = deadline;
         let pid = std::process::id();
         let mut conn = match Conn::connect(&self.config.resource).await {
             Ok(c) => c,
@@ -158,8 +175,8 @@ impl Worker {
             let action = self.pick_action();
             let ttl = Duration::from_millis(self.config.ttl_ms);
             let mut options = match action {
-                Action::Expire | Action::Extend => LockOptions::new().ttl(ttl),
-                Action::Release | Action::Drop if self.config.per_lock => {
+                Action::Expire | Action::Extend | Action::Zombie => LockOptions::new().ttl(ttl),
+                Action::Release | Action::Drop | Action::Long if self.config.per_lock => {
                     LockOptions::new().watchdog_ttl(ttl)
                 }
                 _ => LockOptions::new(),
@@ -255,18 +272,27 @@ impl Worker {
 
     fn pick_action(&mut self) -> Action {
         if !self.config.per_lock {
-            return if self.rng.u8(..4) == 0 {
-                Action::Drop
-            } else {
-                Action::Release
+            return match self.rng.u8(..20) {
+                0..=4 => Action::Drop,
+                5 => Action::Long,
+                _ => Action::Release,
             };
+        }
+        // Every process's first task holds as a zombie until it has been one once, so that
+        // every run has one; none starts a zombie's stall when the run is about to end.
+        let time_left = self.deadline.saturating_duration_since(Instant::now());
+        let zombie_fits = time_left > Duration::from_millis(2 * self.config.ttl_ms);
+        if self.task == 0 && !self.was_zombie && zombie_fits {
+            return Action::Zombie;
         }
         if self.config.lease_shrink && self.rng.bool() {
             return Action::Extend;
         }
-        match self.rng.u8(..10) {
-            0 => Action::Drop,
-            1 => Action::Expire,
+        match self.rng.u8(..20) {
+            0..=1 => Action::Drop,
+            2..=3 => Action::Expire,
+            4 => Action::Long,
+            5 if zombie_fits => Action::Zombie,
             _ => Action::Release,
         }
     }
@@ -290,39 +316,73 @@ impl Worker {
                 }
             });
         }
+        // Re-entry (at once, as a holder calling into code that takes the lock again), only
+        // where the inner hold cannot keep the lock past what the action measures: its lease
+        // is a watchdog lease.
+        // One to three of them, each through the guard before it.
+        let mut inner: Vec<LockGuard> = Vec::new();
+        if matches!(action, Action::Release | Action::Drop | Action::Long)
+            && self.handle.capabilities().reentrant
+            && self.rng.bool()
+        {
+            for _ in 0..self.rng.u8(1..=3) {
+                let Some(next) = self.reenter(id, inner.last().unwrap_or(&guard)).await else {
+                    break;
+                };
+                inner.push(next);
+            }
+        }
         self.write(id, name, &guard, conn).await;
         self.increment(id, name, &guard, conn).await;
-        let hold = Duration::from_millis(self.rng.u64(0..=self.config.hold_ms));
+        if self.rng.u8(..3) == 0 {
+            self.read_expiry(id, name, &guard).await;
+        }
+        let ttl_ms = self.config.ttl_ms;
         match action {
             Action::Release | Action::Drop => {
+                let hold = Duration::from_millis(self.rng.u64(0..=self.config.hold_ms));
                 sleep_or_lost(&guard, hold).await;
                 self.write(id, name, &guard, conn).await;
-                let end = self.end(id, name, &guard, &lost_at, clock::now(), action);
-                if matches!(action, Action::Drop) {
-                    drop(guard);
-                } else {
-                    self.release(id, guard, end).await;
-                }
+                self.let_go(id, name, guard, inner, &lost_at, action).await;
+            }
+            Action::Long => {
+                let until = Instant::now() + Duration::from_millis(ttl_ms * self.rng.u64(2..=5));
+                let until = until.min(self.deadline.max(Instant::now()));
+                self.write_while_held(id, name, &guard, conn, until).await;
+                self.let_go(id, name, guard, inner, &lost_at, action).await;
             }
             Action::Expire => {
                 // Held, writing now and then, until the lease runs out.
-                while believes(&guard) {
-                    let step = Duration::from_millis(self.rng.u64(10..=100));
-                    sleep_or_lost(&guard, step).await;
-                    self.write(id, name, &guard, conn).await;
-                }
+                // Bounded, so a guard that never stops believing (a defect) ends the run.
+                let far = Instant::now() + Duration::from_millis(4 * ttl_ms);
+                self.write_while_held(id, name, &guard, conn, far).await;
                 let until = guard.safe_until().unwrap_or_else(Instant::now);
                 tokio::time::sleep_until(until.into()).await;
                 self.end(id, name, &guard, &lost_at, clock::now(), action);
                 drop(guard);
             }
+            Action::Zombie => {
+                self.was_zombie = true;
+                self.write(id, name, &guard, conn).await;
+                let checked = believes(&guard);
+                // Stalls here, past the lease, as a paused or swapped-out process would.
+                let until = guard.safe_until().unwrap_or_else(Instant::now)
+                    + Duration::from_millis(ttl_ms / 4 + 50);
+                tokio::time::sleep_until(until.into()).await;
+                if checked {
+                    self.write_unchecked(id, name, guard.token().0, conn, true)
+                        .await;
+                }
+                self.end(id, name, &guard, &lost_at, clock::now(), action);
+                drop(guard);
+            }
             Action::Extend => {
+                let hold = Duration::from_millis(self.rng.u64(0..=self.config.hold_ms));
                 sleep_or_lost(&guard, hold / 2).await;
-                let base = self.config.ttl_ms;
                 let ttl_ms = if self.rng.bool() {
-                    self.rng.u64(base / 4..=base / 2).max(1)
+                    self.rng.u64(ttl_ms / 4..=ttl_ms / 2).max(1)
                 } else {
-                    self.rng.u64(base..=2 * base)
+                    self.rng.u64(ttl_ms..=2 * ttl_ms)
                 };
                 let invoke = clock::now();
                 let extended = guard.extend(Duration::from_millis(ttl_ms)).await;
@@ -338,13 +398,114 @@ impl Worker {
                         safe_until: guard.safe_until().map(clock::of_instant),
                     },
                 );
-                self.write(id, name, &guard, conn).await;
-                // Past the shortened lease if it was shortened: the guard must say so.
-                let rest = Duration::from_millis(self.rng.u64(0..=ttl_ms));
-                sleep_or_lost(&guard, rest).await;
-                self.write(id, name, &guard, conn).await;
-                let end = self.end(id, name, &guard, &lost_at, clock::now(), action);
-                self.release(id, guard, end).await;
+                self.read_expiry(id, name, &guard).await;
+                // Held to the end of the lease the guard believes in: if the server kept a
+                // shorter one, another grant lands inside this belief.
+                // Bounded, so a guard that never stops believing (a defect) ends the run.
+                let far = Instant::now() + Duration::from_millis(4 * ttl_ms);
+                self.write_while_held(id, name, &guard, conn, far).await;
+                self.let_go(id, name, guard, Vec::new(), &lost_at, action)
+                    .await;
+            }
+        }
+    }
+
+    /// Asks the server who holds `name` and for how long, recording it with the guard's
+    /// safe-until read just before (a renewal landing meanwhile only lengthens the server's).
+    async fn read_expiry(&self, id: OpId, name: &str, guard: &LockGuard) {
+        let safe_until = guard.safe_until().map(clock::of_instant);
+        let invoke = clock::now();
+        let info = self.handle.holder(name).await;
+        let complete = clock::now();
+        let info = info.ok().flatten();
+        record(
+            &self.out,
+            &Rec::Expiry {
+                id,
+                safe_until,
+                invoke,
+                complete,
+                holder_is_grant: info
+                    .as_ref()
+                    .is_some_and(|i| &i.owner == guard.owner() && i.token == guard.token()),
+                remaining_ms: info.and_then(|i| i.remaining).map(|r| r.as_millis() as u64),
+            },
+        );
+    }
+
+    /// Writes now and then while the guard believes it holds, until `until`.
+    async fn write_while_held(
+        &mut self,
+        id: OpId,
+        name: &str,
+        guard: &LockGuard,
+        conn: &mut Conn,
+        until: Instant,
+    ) {
+        while believes(guard) && Instant::now() < until {
+            let step = Duration::from_millis(self.rng.u64(10..=100));
+            let step = step.min(until.saturating_duration_since(Instant::now()));
+            sleep_or_lost(guard, step).await;
+            self.write(id, name, guard, conn).await;
+        }
+    }
+
+    /// One more hold through the guard, recorded; `None` if refused.
+    async fn reenter(&self, id: OpId, guard: &LockGuard) -> Option<LockGuard> {
+        // The campaign's lease for the inner hold too (the client's default would be longer,
+        // and would keep a killed holder's lock for it).
+        let options = if self.config.per_lock {
+            LockOptions::new().watchdog_ttl(Duration::from_millis(self.config.ttl_ms))
+        } else {
+            LockOptions::new()
+        };
+        let invoke = clock::now();
+        let result = guard.reenter_with(&options).await;
+        let complete = clock::now();
+        let (token, hold_count, error) = match &result {
+            Ok(g) => (Some(g.token().0), Some(g.hold_count()), None),
+            Err(e) => (None, None, Some(format!("{:?}: {e}", e.kind()))),
+        };
+        record(
+            &self.out,
+            &Rec::Reenter {
+                id,
+                invoke,
+                complete,
+                token,
+                hold_count,
+                error,
+            },
+        );
+        result.ok()
+    }
+
+    /// Lets go of the grant's holds in a random order (the outer one first, last or between),
+    /// each by release, drop, or a drop on a plain thread; the end of belief is recorded
+    /// before the last.
+    async fn let_go(
+        &mut self,
+        id: OpId,
+        name: &str,
+        guard: LockGuard,
+        inner: Vec<LockGuard>,
+        lost_at: &LostAt,
+        action: Action,
+    ) {
+        let mut guards = vec![guard];
+        guards.extend(inner);
+        self.rng.shuffle(&mut guards);
+        while let Some(g) = guards.pop() {
+            if guards.is_empty() {
+                // The last hold: belief ends here.
+                self.end(id, name, &g, lost_at, clock::now(), action);
+            }
+            match action {
+                Action::Drop if self.rng.bool() => drop(g),
+                Action::Drop => {
+                    let _ = std::thread::spawn(move || drop(g)).join();
+                }
+                _ => self.release(id, g).await,
             }
         }
     }
@@ -400,7 +561,7 @@ impl Worker {
         end
     }
 
-    async fn release(&self, id: OpId, guard: LockGuard, _end: u64) {
+    async fn release(&self, id: OpId, guard: LockGuard) {
         let invoke = clock::now();
         let result = match guard.release().await {
             Ok(true) => "held".to_string(),
@@ -422,13 +583,25 @@ impl Worker {
         if !believes(guard) {
             return;
         }
-        let token = guard.token().0;
+        self.write_unchecked(id, name, guard.token().0, conn, false)
+            .await;
+    }
+
+    async fn write_unchecked(
+        &self,
+        id: OpId,
+        name: &str,
+        token: u64,
+        conn: &mut Conn,
+        zombie: bool,
+    ) {
         let invoke = clock::now();
         let answer = conn
             .call(&Request::Fence {
                 name: name.to_string(),
                 token,
                 pid: id.pid,
+                grant: id.to_string(),
             })
             .await;
         record(
@@ -440,6 +613,7 @@ impl Worker {
                 invoke,
                 complete: clock::now(),
                 accepted: answer.map(|a| a.accepted).unwrap_or(false),
+                zombie,
             },
         );
     }

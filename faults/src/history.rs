@@ -90,6 +90,11 @@ pub(crate) enum Rec {
         complete: u64,
         /// Whether the register took it.
         accepted: bool,
+        /// Written on purpose after the writer's lease ran out, with its old token and no
+        /// check (a holder that stalled between its check and its write): the register must
+        /// refuse it once a newer grant wrote.
+        #[serde(default)]
+        zombie: bool,
     },
     /// A read-sleep-write increment of the resource's counter.
     Incr {
@@ -121,6 +126,37 @@ pub(crate) enum Rec {
         /// The guard's safe-until after it.
         safe_until: Option<u64>,
     },
+    /// The server's own word on a held lock's expiry, read through `holder()` while the guard
+    /// held it: the guard's safe-until, read before, must not be past it.
+    Expiry {
+        /// The acquisition.
+        id: OpId,
+        /// The guard's safe-until, read just before asking.
+        safe_until: Option<u64>,
+        /// When the question was sent.
+        invoke: u64,
+        /// When it was answered.
+        complete: u64,
+        /// Whether the server named this grant (its owner and token) as the holder.
+        holder_is_grant: bool,
+        /// The lease the server said was left, in ms.
+        remaining_ms: Option<u64>,
+    },
+    /// A re-entry through the guard: one more hold of the same grant.
+    Reenter {
+        /// The acquisition re-entered.
+        id: OpId,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// The new hold's token, when granted.
+        token: Option<u64>,
+        /// The new hold's hold count, when granted.
+        hold_count: Option<u32>,
+        /// The error kind (`Lost`, `Unavailable`, …), when refused.
+        error: Option<String>,
+    },
 }
 
 impl Rec {
@@ -132,7 +168,9 @@ impl Rec {
             | Rec::Release { id, .. }
             | Rec::Write { id, .. }
             | Rec::Incr { id, .. }
-            | Rec::Extend { id, .. } => *id,
+            | Rec::Extend { id, .. }
+            | Rec::Reenter { id, .. }
+            | Rec::Expiry { id, .. } => *id,
         }
     }
 }

@@ -27,6 +27,9 @@ pub(crate) enum Request {
         token: u64,
         /// The writer's process.
         pid: u32,
+        /// The writer's grant (`pid/task/seq`): an equal token from another grant is refused.
+        #[serde(default)]
+        grant: String,
     },
     /// Reads the counter of `name`.
     Read {
@@ -69,6 +72,8 @@ pub(crate) struct FenceWrite {
 pub(crate) struct Cell {
     /// The highest token taken.
     pub(crate) highest: u64,
+    /// The grant that wrote the highest token.
+    pub(crate) highest_by: String,
     /// Writes taken, in the order taken.
     pub(crate) accepted: Vec<FenceWrite>,
     /// Writes refused: the fenced-off writes.
@@ -156,7 +161,12 @@ fn apply(state: &State, request: Request) -> Answer {
     let at = clock::now();
     let mut state = state.lock().expect("resource state");
     match request {
-        Request::Fence { name, token, pid } => {
+        Request::Fence {
+            name,
+            token,
+            pid,
+            grant,
+        } => {
             let cell = state.entry(name).or_default();
             let write = FenceWrite {
                 at,
@@ -164,10 +174,13 @@ fn apply(state: &State, request: Request) -> Answer {
                 pid,
                 highest: cell.highest,
             };
-            // Equal tokens are the same grant writing again (no re-entry is used): taken.
-            let accepted = token >= cell.highest;
+            // An equal token is taken only from the grant that wrote it (writing again, or
+            // through a re-entered hold, which shares the grant): two grants never share one.
+            let accepted =
+                token > cell.highest || (token == cell.highest && cell.highest_by == grant);
             if accepted {
                 cell.highest = token;
+                cell.highest_by = grant;
                 cell.accepted.push(write);
             } else {
                 cell.rejected.push(write);
@@ -231,15 +244,20 @@ mod tests {
     async fn register_fences_off_lower_tokens_and_counter_sees_lost_updates() {
         let resource = Resource::start().await.expect("resource");
         let mut c = Conn::connect(resource.addr()).await.expect("connect");
-        let fence = |token| Request::Fence {
+        let fence = |token, grant: &str| Request::Fence {
             name: "n".into(),
             token,
             pid: 1,
+            grant: grant.into(),
         };
-        assert!(c.call(&fence(5)).await.unwrap().accepted);
-        assert!(c.call(&fence(5)).await.unwrap().accepted);
-        assert!(!c.call(&fence(4)).await.unwrap().accepted);
-        assert!(c.call(&fence(7)).await.unwrap().accepted);
+        assert!(c.call(&fence(5, "1/0/1")).await.unwrap().accepted);
+        assert!(c.call(&fence(5, "1/0/1")).await.unwrap().accepted);
+        assert!(
+            !c.call(&fence(5, "1/1/1")).await.unwrap().accepted,
+            "an equal token from another grant"
+        );
+        assert!(!c.call(&fence(4, "1/0/1")).await.unwrap().accepted);
+        assert!(c.call(&fence(7, "1/2/1")).await.unwrap().accepted);
         let set = |value| Request::Set {
             name: "n".into(),
             value,
@@ -257,7 +275,7 @@ mod tests {
         assert_eq!(read, 2);
         assert_eq!(
             (cell.highest, cell.accepted.len(), cell.rejected.len()),
-            (7, 3, 1)
+            (7, 3, 2)
         );
         assert_eq!((cell.sets, cell.lost_updates, cell.counter), (3, 1, 2));
         assert_eq!(resource.last_writer("n").map(|w| w.0), Some(1));

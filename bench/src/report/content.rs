@@ -5,7 +5,7 @@ use crate::results::{BackendResult, PausedMaster, Results, Status, Uncontended};
 use crate::svg::{self, Series};
 use crate::targets::SLOW_SYNC_MS;
 
-use super::Block;
+use super::{table, Block};
 
 /// The goal of issue 8: these backends' uncontended cycles within this factor of their floor.
 const GOAL_RATIO: f64 = 1.25;
@@ -102,13 +102,6 @@ fn header(r: &Results, doc: &mut Vec<Block>) {
         ],
         rows,
     ));
-}
-
-pub(super) fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
-    Block::Table {
-        head: head.iter().map(|s| s.to_string()).collect(),
-        rows,
-    }
 }
 
 fn summary(r: &Results, doc: &mut Vec<Block>) {

@@ -6,7 +6,7 @@ use crate::results::{LibraryResult, Results};
 use crate::stats::Latency;
 use crate::targets::Kind;
 
-use super::content::table;
+use super::table;
 use super::Block;
 
 /// `library vs distlock (distlock ÷ library)` for a time or a rate.

@@ -32,6 +32,14 @@ enum Block {
     Chart(String),
 }
 
+/// A table block with the column heads `head`.
+fn table(head: &[&str], rows: Vec<Vec<String>>) -> Block {
+    Block::Table {
+        head: head.iter().map(|s| s.to_string()).collect(),
+        rows,
+    }
+}
+
 /// Writes the three files into `dir`, creating it.
 pub(crate) fn write(dir: &Path, results: &Results) -> Res<()> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

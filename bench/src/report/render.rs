@@ -152,7 +152,7 @@ pub(super) fn html(blocks: &[Block]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::content::table;
+    use crate::report::table;
 
     #[test]
     fn inline_markup_becomes_tags_after_escaping() {

@@ -31,3 +31,38 @@ pub trait Admin: Send + Sync {
 
 /// Makes the admin of the server(s) at a URL.
 pub type AdminFn = fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Admin>>>;
+
+/// The methods of the `DistributedLock` trait (read from `trait_src`, the text of
+/// `lock-api/src/lock.rs`) that the `impl DistributedLock for <wrapper>` in `impl_src` does not
+/// define. A wrapper that forwards all but one falls back to the trait's default for it, which
+/// is right only for some backends, and silently changes the wrapped backend's behaviour: a
+/// wrapper's test asserts this is empty.
+pub fn missing_forwards(trait_src: &str, impl_src: &str, wrapper: &str) -> Vec<String> {
+    fn fn_names(block: &str) -> Vec<String> {
+        block
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let l = l.strip_prefix("async ").unwrap_or(l);
+                let rest = l.strip_prefix("fn ")?;
+                let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+                Some(rest[..end].to_string())
+            })
+            .collect()
+    }
+    // The block from `start` to the first line that is exactly "}".
+    fn block<'a>(src: &'a str, start: &str) -> &'a str {
+        let Some(at) = src.find(start) else {
+            return "";
+        };
+        let body = &src[at..];
+        let end = body.find("\n}\n").map_or(body.len(), |e| e + 2);
+        &body[..end]
+    }
+    let wanted = fn_names(block(trait_src, "pub trait DistributedLock"));
+    let have = fn_names(block(
+        impl_src,
+        &format!("impl DistributedLock for {wrapper}"),
+    ));
+    wanted.into_iter().filter(|m| !have.contains(m)).collect()
+}
