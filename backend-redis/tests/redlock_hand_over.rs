@@ -24,19 +24,7 @@ fn skipped() -> bool {
 }
 
 async fn client(url: &str) -> Arc<RedLock> {
-    Arc::new(
-        RedLock::connect(RedLockConfig::from_url(url).unwrap())
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n  start the masters: scripts/services up redis")),
-    )
-}
-
-/// Each master's own URL, in the client's order.
-fn master_urls() -> Vec<String> {
-    hosts_of(&common::redlock_url())
-        .into_iter()
-        .map(|h| format!("redis://{h}"))
-        .collect()
+    common::redlock_client(url).await
 }
 
 /// Whether master `url` has lock `name`'s hash, and whose it is.
@@ -149,7 +137,7 @@ async fn a_hand_over_that_reaches_a_minority_passes_nothing_and_leaves_nothing_h
         return;
     }
     let url = common::redlock_url();
-    let masters = master_urls();
+    let masters = common::redlock_master_urls();
     assert_eq!(masters.len(), 3, "three test masters");
     let lock = client(&url).await;
     let name = LockName::new(common::unique("redlock-minority")).unwrap();
@@ -192,7 +180,7 @@ async fn a_hand_over_that_reaches_a_majority_passes_the_lock() {
         return;
     }
     let url = common::redlock_url();
-    let masters = master_urls();
+    let masters = common::redlock_master_urls();
     let lock = client(&url).await;
     let name = LockName::new(common::unique("redlock-majority")).unwrap();
     let from = granted_on_every_master(&lock, &name, &masters).await;

@@ -9,7 +9,6 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_conformance::hosts_of;
 use distlock_redis::redis::AsyncCommands;
 use distlock_redis::{LockExt, LockGuard, LockName, LockOptions, RedLock, RedLockConfig};
 
@@ -22,18 +21,7 @@ fn skipped() -> bool {
 }
 
 async fn client() -> Arc<RedLock> {
-    Arc::new(
-        RedLock::connect(RedLockConfig::from_url(&common::redlock_url()).unwrap())
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n  start the masters: scripts/services up redis")),
-    )
-}
-
-fn master_urls() -> Vec<String> {
-    hosts_of(&common::redlock_url())
-        .into_iter()
-        .map(|h| format!("redis://{h}"))
-        .collect()
+    common::redlock_client(&common::redlock_url()).await
 }
 
 /// What one master keeps of a lock: its owner, hold count and token (the fence if written).
@@ -57,7 +45,7 @@ async fn kept_on(url: &str, name: &LockName) -> Option<(String, u32, u64)> {
 async fn agrees_with_the_masters(lock: &Arc<RedLock>, g: &LockGuard, what: &str) {
     let name = g.name();
     let owner = g.owner().text().to_string();
-    let masters = master_urls();
+    let masters = common::redlock_master_urls();
     let quorum = masters.len() / 2 + 1;
     let mut kept = Vec::new();
     for m in &masters {
@@ -109,7 +97,7 @@ async fn counters_out_of_step(name: &LockName) {
     let key = RedLockConfig::from_url(&common::redlock_url())
         .unwrap()
         .fence_key(name);
-    for (i, m) in master_urls().iter().enumerate() {
+    for (i, m) in common::redlock_master_urls().iter().enumerate() {
         let mut con = common::raw(m).await.unwrap();
         let _: u64 = con.incr(&key, 3 * i as u64 + 1).await.unwrap();
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock_redis::redis::{self, AsyncCommands};
 use std::sync::Arc;
 
-use distlock_redis::{Error, LockName, RedisConfig, RedisLock, Result};
+use distlock_redis::{Error, LockName, RedLock, RedLockConfig, RedisConfig, RedisLock, Result};
 
 /// A client of the single server.
 pub async fn client() -> Arc<RedisLock> {
@@ -153,4 +153,21 @@ pub async fn leftovers(url: &str, prefix: &str) -> Result<Vec<String>> {
         }
     }
     Ok(left)
+}
+
+/// A RedLock client of the masters at `url` (a `redlock://` URL, maybe through proxies).
+pub async fn redlock_client(url: &str) -> Arc<RedLock> {
+    Arc::new(
+        RedLock::connect(RedLockConfig::from_url(url).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n  start the masters: scripts/services up redis")),
+    )
+}
+
+/// Each RedLock master's own URL, in the client's order.
+pub fn redlock_master_urls() -> Vec<String> {
+    distlock_conformance::hosts_of(&redlock_url())
+        .into_iter()
+        .map(|h| format!("redis://{h}"))
+        .collect()
 }
