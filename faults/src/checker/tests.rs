@@ -1,0 +1,399 @@
+//! The checker's verdicts on small hand-made histories, one per check.
+
+use super::*;
+
+fn acquire(pid: u32, seq: u64, token: u64, complete: u64) -> Rec {
+    Rec::Acquire {
+        id: OpId { pid, task: 0, seq },
+        name: "n".into(),
+        how: "try".into(),
+        invoke: complete - 1,
+        complete,
+        outcome: "granted".into(),
+        error: None,
+        token: Some(token),
+        owner: Some(format!("o{pid}")),
+        safe_until: None,
+        ttl_ms: None,
+        shared: false,
+    }
+}
+
+fn end(pid: u32, seq: u64, end: u64) -> Rec {
+    Rec::End {
+        id: OpId { pid, task: 0, seq },
+        name: "n".into(),
+        end,
+        why: "release".into(),
+        lost: None,
+    }
+}
+
+#[test]
+fn disjoint_intervals_with_rising_tokens_pass() {
+    let h = [
+        acquire(1, 1, 1, 10),
+        end(1, 1, 20),
+        acquire(2, 1, 2, 21),
+        end(2, 1, 30),
+    ];
+    let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!((c.grants, c.violations.len()), (2, 0), "{:?}", c.violations);
+}
+
+#[test]
+fn overlapping_beliefs_are_a_violation_that_names_both_grants() {
+    let h = [
+        acquire(1, 1, 1, 10),
+        end(1, 1, 25),
+        acquire(2, 1, 2, 20),
+        end(2, 1, 30),
+    ];
+    let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 1);
+    assert!(c.violations[0].contains("1/0/1") && c.violations[0].contains("2/0/1"));
+}
+
+#[test]
+fn falling_tokens_and_lost_updates_are_violations() {
+    let h = [
+        acquire(1, 1, 5, 10),
+        end(1, 1, 20),
+        acquire(2, 1, 4, 21),
+        end(2, 1, 30),
+    ];
+    let cell = Cell {
+        counter: 1,
+        sets: 2,
+        lost_updates: 1,
+        ..Cell::default()
+    };
+    let resource = BTreeMap::from([("n".to_string(), cell)]);
+    let c = check(&h, &[], &resource, 100, Expect::default());
+    assert_eq!(c.violations.len(), 2, "{:?}", c.violations);
+    assert!(c.violations[0].starts_with("fencing"));
+    assert!(c.violations[1].starts_with("counter"));
+}
+
+#[test]
+fn a_killed_holder_believes_until_its_death_and_recovery_is_measured() {
+    let h = [acquire(1, 1, 1, 10), acquire(2, 1, 2, 60), end(2, 1, 70)];
+    let faults = [Fault {
+        at: 50,
+        what: "SIGKILL".into(),
+        killed: Some(1),
+        recover_from: true,
+        deleted: None,
+    }];
+    let c = check(&h, &faults, &BTreeMap::new(), 100, Expect::default());
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert_eq!(c.recover_ms, Some(10.0 / 1e6));
+    let early = [acquire(1, 1, 1, 10), acquire(2, 1, 2, 40), end(2, 1, 70)];
+    let c = check(&early, &faults, &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(
+        c.violations.len(),
+        1,
+        "granted while the killed one still believed"
+    );
+}
+
+#[test]
+fn tokens_restarting_after_a_volatile_restart_are_counted_not_violations() {
+    let h = [
+        acquire(1, 1, 7, 10),
+        end(1, 1, 20),
+        acquire(2, 1, 1, 60),
+        end(2, 1, 70),
+        acquire(3, 1, 1, 80),
+        end(3, 1, 90),
+    ];
+    let restart = [Fault {
+        at: 50,
+        what: "server restarted empty".into(),
+        killed: None,
+        recover_from: true,
+        deleted: None,
+    }];
+    let volatile = Expect {
+        volatile_restart: true,
+        ..Expect::default()
+    };
+    let c = check(&h, &restart, &BTreeMap::new(), 100, volatile);
+    assert_eq!(c.token_restarts, 1, "7 then 1 across the restart");
+    // 1 then 1 with no restart in between is still a violation.
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(c.violations[0].starts_with("fencing"));
+    // Without the expectation, the fall across the restart is a violation too.
+    let c = check(&h, &restart, &BTreeMap::new(), 100, Expect::default());
+    assert_eq!((c.token_restarts, c.violations.len()), (0, 2));
+}
+
+#[test]
+fn a_deletion_race_is_expected_only_when_the_victim_learned_of_it() {
+    // The victim (pid 1, token 5) finishes acquiring just after the next holder (pid 2,
+    // token 6) that the deletion let in, then learns of the deletion.
+    let lost_end = Rec::End {
+        id: OpId {
+            pid: 1,
+            task: 0,
+            seq: 1,
+        },
+        name: "n".into(),
+        end: 60,
+        why: "release".into(),
+        lost: Some("the lock's key was deleted".into()),
+    };
+    let h = [
+        acquire(2, 1, 6, 20),
+        end(2, 1, 90),
+        acquire(1, 1, 5, 21),
+        lost_end,
+    ];
+    let deletion = [Fault {
+        at: 19,
+        what: "deleted".into(),
+        killed: None,
+        recover_from: false,
+        deleted: Some("n".into()),
+    }];
+    let expect = Expect {
+        oob_delete: true,
+        allowance_ns: 100,
+        ..Expect::default()
+    };
+    let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert_eq!(c.expected_overlaps, 1);
+    // The same overlap when the victim never learned of a deletion is two violations
+    // (exclusion and the falling token).
+    let h = [
+        acquire(2, 1, 6, 20),
+        end(2, 1, 90),
+        acquire(1, 1, 5, 21),
+        end(1, 1, 60),
+    ];
+    let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
+    assert_eq!(c.violations.len(), 2, "{:?}", c.violations);
+    // A victim learns of the deletion as well when its release finds the lock not its own,
+    // or when the register refuses its write: both make the overlap the expected race.
+    let victim = OpId {
+        pid: 1,
+        task: 0,
+        seq: 1,
+    };
+    let not_held = Rec::Release {
+        id: victim,
+        invoke: 60,
+        complete: 61,
+        result: "not_held".into(),
+    };
+    let refused = Rec::Write {
+        id: victim,
+        name: "n".into(),
+        token: 5,
+        invoke: 50,
+        complete: 51,
+        accepted: false,
+        zombie: false,
+    };
+    for learned in [not_held, refused] {
+        let h = [
+            acquire(2, 1, 6, 20),
+            end(2, 1, 90),
+            acquire(1, 1, 5, 21),
+            end(1, 1, 60),
+            learned,
+        ];
+        let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
+        assert!(c.violations.is_empty(), "{:?}", c.violations);
+        assert_eq!(c.expected_overlaps, 1);
+    }
+}
+
+fn granted_with(pid: u32, token: u64, complete: u64, safe_until: u64, ttl_ms: u64) -> Rec {
+    let mut r = acquire(pid, 1, token, complete);
+    if let Rec::Acquire {
+        safe_until: s,
+        ttl_ms: t,
+        ..
+    } = &mut r
+    {
+        *s = Some(safe_until);
+        *t = Some(ttl_ms);
+    }
+    r
+}
+
+#[test]
+fn a_safe_until_past_the_lease_is_a_violation() {
+    let ms = 1_000_000;
+    // A 1000 ms lease completed at 10 ms: the bound is 10 + 1000 - 12 = 998 ms.
+    let ok = [
+        granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+        end(1, 1, 20 * ms),
+    ];
+    let c = check(&ok, &[], &BTreeMap::new(), 2000 * ms, Expect::default());
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    let late = [
+        granted_with(1, 1, 10 * ms, 1005 * ms, 1000),
+        end(1, 1, 20 * ms),
+    ];
+    let c = check(&late, &[], &BTreeMap::new(), 2000 * ms, Expect::default());
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(c.violations[0].starts_with("safe-until of 1/0/1"));
+    // An extend to a shorter lease cannot move safe-until past the longer one before it;
+    // a longer one is bounded by what it asked for.
+    let extend = |ttl_ms, complete, su| Rec::Extend {
+        id: OpId {
+            pid: 1,
+            task: 0,
+            seq: 1,
+        },
+        ttl_ms,
+        invoke: complete - 1,
+        complete,
+        ok: true,
+        error: None,
+        safe_until: Some(su),
+    };
+    let h = [
+        granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+        extend(200, 100 * ms, 998 * ms),
+        extend(2000, 200 * ms, 2178 * ms),
+        end(1, 1, 300 * ms),
+    ];
+    let c = check(&h, &[], &BTreeMap::new(), 3000 * ms, Expect::default());
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    let h = [
+        granted_with(1, 1, 10 * ms, 998 * ms, 1000),
+        extend(2000, 200 * ms, 2300 * ms),
+        end(1, 1, 300 * ms),
+    ];
+    let c = check(&h, &[], &BTreeMap::new(), 3000 * ms, Expect::default());
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+}
+
+#[test]
+fn a_reentry_of_another_token_or_refused_while_believed_is_a_violation() {
+    let ms = 1_000_000;
+    let id = OpId {
+        pid: 1,
+        task: 0,
+        seq: 1,
+    };
+    let reenter = |token: Option<u64>, error: Option<&str>| Rec::Reenter {
+        id,
+        invoke: 10 * ms,
+        complete: 11 * ms,
+        token,
+        hold_count: token.map(|_| 2),
+        error: error.map(String::from),
+    };
+    let run = |r: Rec, faults: &[Fault]| {
+        let h = [acquire(1, 1, 7, ms), r, end(1, 1, 100 * ms)];
+        check(&h, faults, &BTreeMap::new(), 200 * ms, Expect::default())
+    };
+    assert!(run(reenter(Some(7), None), &[]).violations.is_empty());
+    let c = run(reenter(Some(8), None), &[]);
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert_eq!((c.reentries, c.reentries_granted), (1, 1));
+    let c = run(reenter(None, Some("Lost: ended")), &[]);
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    // Refused under a fault, or as unavailable: not the library's word against itself.
+    let fault = Fault {
+        at: 5 * ms,
+        what: "SIGSTOP redis-server".into(),
+        killed: None,
+        recover_from: false,
+        deleted: None,
+    };
+    assert!(run(reenter(None, Some("Lost: ended")), &[fault])
+        .violations
+        .is_empty());
+    assert!(run(reenter(None, Some("Unavailable: down")), &[])
+        .violations
+        .is_empty());
+}
+
+#[test]
+fn a_lock_refused_long_after_its_last_believer_is_unavailable() {
+    let ms = 1_000_000;
+    let busy = |pid: u32, at: u64| {
+        let mut r = acquire(pid, 9, 0, at + 1);
+        if let Rec::Acquire {
+            outcome,
+            token,
+            invoke,
+            ..
+        } = &mut r
+        {
+            *outcome = "busy".into();
+            *token = None;
+            *invoke = at;
+        }
+        r
+    };
+    // A 1000 ms lease: refused 2.5 s after the last belief ended is within lease plus
+    // slack; 3.5 s after is a hold nobody owns.
+    let granted = granted_with(1, 1, 10 * ms, 900 * ms, 1000);
+    let run = |refused_at: u64, faults: &[Fault]| {
+        let h = [granted.clone(), end(1, 1, 100 * ms), busy(2, refused_at)];
+        check(&h, faults, &BTreeMap::new(), 10_000 * ms, Expect::default())
+    };
+    assert!(run(2_600 * ms, &[]).violations.is_empty());
+    let c = run(3_600 * ms, &[]);
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(c.violations[0].starts_with("availability"));
+    // Within a fault window (and a lease plus slack after it), refusals are the fault's.
+    let fault = |at, recover_from| Fault {
+        at,
+        what: "SIGSTOP redis-server".into(),
+        killed: None,
+        recover_from,
+        deleted: None,
+    };
+    let faults = [fault(3_000 * ms, false), fault(3_200 * ms, true)];
+    assert!(run(3_600 * ms, &faults).violations.is_empty());
+}
+
+#[test]
+fn a_leased_grant_without_safe_until_is_a_violation() {
+    let mut r = granted_with(1, 1, 10, 900, 1000);
+    if let Rec::Acquire { safe_until, .. } = &mut r {
+        *safe_until = None;
+    }
+    let c = check(
+        &[r, end(1, 1, 20)],
+        &[],
+        &BTreeMap::new(),
+        100,
+        Expect::default(),
+    );
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+}
+
+#[test]
+fn a_safe_until_past_the_servers_expiry_is_a_violation() {
+    let ms = 1_000_000;
+    let id = OpId {
+        pid: 1,
+        task: 0,
+        seq: 1,
+    };
+    let expiry = |su: u64, left: u64| Rec::Expiry {
+        id,
+        safe_until: Some(su),
+        invoke: 100 * ms,
+        complete: 101 * ms,
+        holder_is_grant: true,
+        remaining_ms: Some(left),
+    };
+    let run = |r: Rec| {
+        let h = [acquire(1, 1, 7, ms), r, end(1, 1, 150 * ms)];
+        check(&h, &[], &BTreeMap::new(), 200 * ms, Expect::default())
+    };
+    assert!(run(expiry(500 * ms, 400)).violations.is_empty());
+    let c = run(expiry(900 * ms, 400));
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(c.violations[0].contains("server's expiry"));
+}
