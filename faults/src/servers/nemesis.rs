@@ -1,0 +1,81 @@
+//! What the nemesis does to a member: pause and resume it, kill and restart it, cut it off
+//! from its peers and heal it.
+
+use std::time::Duration;
+
+use super::net::nft;
+use super::Deployment;
+
+impl Deployment {
+    /// SIGSTOP member `i`: it accepts connections but answers nothing, and its timers stop.
+    pub(crate) fn pause(&mut self, i: usize) -> Result<(), String> {
+        self.signal(i, "STOP")
+    }
+
+    /// SIGCONT member `i`.
+    pub(crate) fn resume(&mut self, i: usize) -> Result<(), String> {
+        self.signal(i, "CONT")
+    }
+
+    /// SIGKILL member `i`, keeping its data for a restart.
+    pub(crate) fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data and waits until it serves.
+    pub(crate) async fn restart(&mut self, i: usize) -> Result<(), String> {
+        self.kill(i);
+        let mut last = String::new();
+        for _ in 0..3 {
+            self.spawn(i)?;
+            match self.wait_serving(i).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+            self.kill(i);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Err(last)
+    }
+
+    /// Cuts member `i` off from its peers (both ways), leaving its clients connected.
+    pub(crate) fn cut(&self, i: usize) -> Result<(), String> {
+        let others: Vec<&str> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, m)| m.ip.as_str())
+            .collect();
+        let set = others.join(", ");
+        nft(
+            &self.members[i].ns,
+            &format!(
+                "table inet distlock_cut {{\n\
+                   chain input {{ type filter hook input priority 0; ip saddr {{ {set} }} drop; }}\n\
+                   chain output {{ type filter hook output priority 0; ip daddr {{ {set} }} drop; }}\n\
+                 }}\n"
+            ),
+        )
+    }
+
+    /// Undoes [`cut`](Self::cut).
+    pub(crate) fn heal(&self, i: usize) -> Result<(), String> {
+        nft(&self.members[i].ns, "delete table inet distlock_cut\n")
+    }
+
+    /// Through kill(1), and only while the child is unreaped, so that its pid cannot be
+    /// another process's.
+    fn signal(&mut self, i: usize, signal: &str) -> Result<(), String> {
+        let Some(child) = self.members[i].child.as_mut() else {
+            return Err(format!("{:?} member {i} is not running", self.kind));
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Err(format!("{:?} member {i} has exited", self.kind));
+        }
+        crate::signal(child.id(), signal)
+    }
+}
