@@ -1,6 +1,10 @@
-//! The driver's errors as distlock's: what is temporary (a retry may succeed) and what is not.
+//! The driver's errors as distlock's: what is temporary (a retry may succeed) and what is not,
+//! and a driver operation bounded by the operation timeout.
 
-use distlock_api::{Error, ErrorKind};
+use std::future::Future;
+use std::time::Duration;
+
+use distlock_api::{Error, ErrorKind, LockName};
 use mongodb::error::{ErrorKind as DriverKind, WriteFailure};
 
 use crate::BACKEND;
@@ -58,4 +62,43 @@ pub(crate) fn map_err(e: mongodb::error::Error, what: &str) -> Error {
     Error::new(kind, what.to_string())
         .with_backend(BACKEND)
         .with_source(e)
+}
+
+/// The duplicate-key error code: a concurrent upsert inserted the document first.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// A driver error mapped to ours, remembering whether it was a duplicate key.
+pub(crate) struct OpError {
+    pub(crate) error: Error,
+    pub(crate) duplicate_key: bool,
+}
+
+impl OpError {
+    pub(crate) fn with_lock(self, name: &LockName) -> Error {
+        self.error.with_lock(name)
+    }
+}
+
+/// Runs `op` for at most `timeout`: the driver has no per-operation deadline of its own, and
+/// a server that accepts a connection but never answers must not hang a caller.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    op: impl Future<Output = mongodb::error::Result<T>>,
+) -> std::result::Result<T, OpError> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(OpError {
+            duplicate_key: command_code(&e) == Some(DUPLICATE_KEY),
+            error: map_err(e, what),
+        }),
+        Err(_) => Err(OpError {
+            error: Error::new(
+                ErrorKind::Unavailable,
+                format!("{what}: no answer from MongoDB within {timeout:?}"),
+            )
+            .with_backend(BACKEND),
+            duplicate_key: false,
+        }),
+    }
 }

@@ -6,7 +6,9 @@ mod backend;
 mod commands;
 mod config;
 mod error;
-mod streams;
+mod notices;
+mod ops;
+mod schema;
 #[cfg(feature = "testing")]
 pub mod testing;
 

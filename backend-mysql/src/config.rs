@@ -202,30 +202,7 @@ impl MysqlConfig {
         config.fencing_table = q.take_str("fencing_table").unwrap_or(config.fencing_table);
         config.create_tables = q.take_bool("create_tables")?.unwrap_or(true);
         config.release_signals = q.take_bool("release_signals")?.unwrap_or(true);
-        // TLS: the mode and the CA, taken only by a build that has TLS.
-        for key in ["ssl-mode", "sslmode", "ssl_mode", "ssl-ca", "ssl_ca"] {
-            let Some(v) = q.take_str(key) else { continue };
-            if !cfg!(feature = "tls") {
-                return Err(q.invalid(
-                    key,
-                    &v,
-                    "asks for TLS, which this build of distlock-mysql lacks: enable its `tls` \
-                     feature (or the facade's)",
-                ));
-            }
-            if key.ends_with("ca") {
-                config.ssl_ca = Some(PathBuf::from(v));
-            } else {
-                let mode = v.parse::<MySqlSslMode>().map_err(|_| {
-                    q.invalid(
-                        key,
-                        &v,
-                        "is not disabled, preferred, required, verify_ca or verify_identity",
-                    )
-                })?;
-                config.ssl_mode = Some(mode);
-            }
-        }
+        crate::tls::take_from(&mut q, &mut config.ssl_mode, &mut config.ssl_ca)?;
         q.finish(&[
             "pool_size",
             "lock_table",
@@ -570,25 +547,6 @@ mod tests {
         assert!(MysqlConfig::from_url(&long).is_err());
         let ok = format!("mysql://127.0.0.1/db?lock_table={}", "t".repeat(64));
         assert!(MysqlConfig::from_url(&ok).is_ok());
-    }
-
-    #[test]
-    fn tls_options_are_taken_with_the_feature_and_refused_naming_it_without() {
-        let url = "mysql://127.0.0.1/db?ssl-mode=verify_ca&ssl-ca=/etc/ca.pem";
-        let parsed = MysqlConfig::from_url(url);
-        if cfg!(feature = "tls") {
-            let options = parsed
-                .expect("TLS options with the feature")
-                .connect_options();
-            assert!(matches!(
-                options.get_ssl_mode(),
-                sqlx::mysql::MySqlSslMode::VerifyCa
-            ));
-        } else {
-            let e = parsed.expect_err("no TLS in this build");
-            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-            assert!(e.to_string().contains("`tls` feature"), "{e}");
-        }
     }
 
     #[test]

@@ -7,11 +7,15 @@ mod config;
 mod conn;
 mod error;
 mod hint;
+mod notices;
+mod ops;
 mod renewal;
-mod signal;
+mod schema;
 mod sql;
+mod sweep;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tls;
 
 pub use backend::{MysqlLock, CAPABILITIES};
 pub use config::{
