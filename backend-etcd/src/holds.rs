@@ -34,7 +34,7 @@ pub(crate) struct Shared {
     /// releases of that key.
     pub(crate) slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// The watches of lock directories that this client's waiters share.
-    pub(crate) watches: Arc<crate::watches::Watches>,
+    pub(crate) watches: Arc<crate::notices::Watches>,
     /// The entries of grants this client released lately (see [`Released`]).
     pub(crate) released: Mutex<Released>,
 }

@@ -10,10 +10,10 @@ mod holds;
 mod keepalive;
 mod keys;
 mod lease;
+mod notices;
 mod queue;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod watches;
 
 pub use backend::{EtcdLock, CAPABILITIES};
 pub use config::{

@@ -17,7 +17,7 @@ use crate::holds::{
 };
 use crate::keys;
 use crate::lease::LeaseInfo;
-use crate::watches::{Seen, Subscription};
+use crate::notices::{Seen, Subscription};
 
 /// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
 pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
@@ -455,7 +455,7 @@ impl Shared {
     /// caller looks at the queue again unless `pred` held the lock.
     ///
     /// `sub` is the waiter's subscription to the client's shared watch of the lock's directory
-    /// ([`crate::watches`]), kept across waits. One made here misses the deletes from before
+    /// ([`crate::notices`]), kept across waits. One made here misses the deletes from before
     /// it, so the predecessor is then read again; one made before the queue was last read
     /// (the caller's) misses nothing that read did not see.
     pub(crate) async fn wait_delete(

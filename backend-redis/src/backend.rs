@@ -12,8 +12,8 @@ use distlock_api::{
 };
 
 use crate::config::RedisConfig;
-use crate::pubsub::{Hub, HubConfig};
-use crate::server::{Acquired, HandedOver, Server};
+use crate::notices::{Hub, HubConfig};
+use crate::ops::{Acquired, HandedOver, Server};
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()

@@ -5,9 +5,9 @@
 mod backend;
 mod config;
 mod keys;
-mod pubsub;
+mod notices;
+mod ops;
 mod redlock;
-mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -8,7 +8,7 @@ use distlock_api::backend::testing::Admin;
 use distlock_api::{LockName, Result};
 use redis::FromRedisValue;
 
-use crate::server::Server;
+use crate::ops::Server;
 use crate::{RedLock, RedLockConfig, RedisConfig, RedisLock};
 
 impl Server {

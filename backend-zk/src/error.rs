@@ -80,6 +80,11 @@ pub(crate) fn no_answer(what: &str, limit: Duration) -> Error {
     .with_backend("zk")
 }
 
+/// An `InvalidArgument` error of this backend (a configuration it refuses).
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::invalid(message).with_backend("zk")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod auth;
 mod backend;
 mod cleanup;
 mod config;

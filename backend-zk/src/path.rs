@@ -1,9 +1,14 @@
-//! Lock names as ZooKeeper path segments, and the queue nodes below them.
+//! ZooKeeper paths: the checks on configured ones, lock names as path segments, and the queue
+//! nodes below them.
 //!
 //! A lock `name` lives at `<base>/<segment>` where `segment` is [`encode_name`]`(name)`; each
 //! contender adds an ephemeral-sequential child `_c_<uuid>-lock-<sequence>` to it.
 
 use std::fmt::Write as _;
+
+use distlock_api::Result;
+
+use crate::error::invalid;
 
 /// Every encoded name starts with this character, so no segment is ever `.`, `..` or
 /// `zookeeper` raw and the encoding stays reversible.
@@ -19,6 +24,40 @@ const QUEUE_INFIX: &str = "-lock-";
 pub(crate) fn unstorable(c: char) -> bool {
     let u = c as u32;
     u <= 0x1f || (0x7f..=0x9f).contains(&u) || (0xd800..=0xf8ff).contains(&u) || u >= 0xfff0
+}
+
+/// Checks an absolute ZooKeeper path the way the server would, so a bad one is
+/// `InvalidArgument` here rather than a server error later.
+pub(crate) fn validate_path(what: &str, path: &str) -> Result<()> {
+    if !path.starts_with('/') {
+        return Err(invalid(format!("{what} {path:?} must start with '/'")));
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path.ends_with('/') {
+        return Err(invalid(format!("{what} {path:?} must not end with '/'")));
+    }
+    for segment in path[1..].split('/') {
+        if segment.is_empty() {
+            return Err(invalid(format!("{what} {path:?} has an empty segment")));
+        }
+        if segment == "." || segment == ".." {
+            return Err(invalid(format!("{what} {path:?} has a relative segment")));
+        }
+        if let Some(c) = segment.chars().find(|&c| unstorable(c)) {
+            return Err(invalid(format!(
+                "{what} {path:?} has U+{:04X}, which ZooKeeper does not accept in paths",
+                c as u32
+            )));
+        }
+    }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(invalid(format!(
+            "{what} {path:?} is inside ZooKeeper's reserved /zookeeper tree"
+        )));
+    }
+    Ok(())
 }
 
 /// The path segment of lock `name`: the mark, then the name with `/`, `%` and every character

@@ -10,7 +10,7 @@ use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, OwnerId, Res
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use crate::server::Acquired;
+use crate::ops::Acquired;
 
 use super::round::agreed;
 use super::*;

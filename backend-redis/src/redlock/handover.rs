@@ -26,7 +26,7 @@ use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, OwnerId, Res
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use crate::server::HandedOver;
+use crate::ops::HandedOver;
 
 use super::acquire::Answer;
 use super::*;

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 
-use crate::server::Server;
+use crate::ops::Server;
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! One pub/sub connection per client, shared by all its waiters.
+//! How waiters hear of a release: one pub/sub connection per client, shared by all its waiters.
 //!
 //! A waiter calls [`Hub::subscribe`] for its lock's release channel and gets a [`Subscription`]
 //! once the server has confirmed the channel (so a release published after that is never
@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Endpoint;
-use crate::server::driver_error;
+use crate::ops::driver_error;
 
 /// How long the manager waits before reconnecting after a failed connect, at first and at most.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);

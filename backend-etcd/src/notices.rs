@@ -1,5 +1,6 @@
-//! Shared delete watches: one watch per lock directory per client, which every waiter of the
-//! client on that lock listens to, kept for a while after the last one leaves.
+//! How waiters hear of a release: shared delete watches, one per lock directory per client,
+//! which every waiter of the client on that lock listens to, kept for a while after the last
+//! one leaves.
 //!
 //! A watch per wait is not live often enough. etcd registers a watch that starts "now" one past
 //! the store revision it read when the request arrived; a write that lands between that read

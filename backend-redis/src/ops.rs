@@ -1,4 +1,5 @@
-//! One Redis server: its connection, the scripts, and what their answers mean.
+//! The server operations: one Redis server's connection, the scripts, and what their answers
+//! mean.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{LazyLock, PoisonError, RwLock};
