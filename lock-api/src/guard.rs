@@ -152,7 +152,7 @@ impl LockGuard {
             let grant = self.grant();
             let backend = self.backend.core().backend();
             let span = crate::observe::release_span(backend, grant.name.as_str(), grant.token.0);
-            let released = crate::settle::release(&self.backend, grant)
+            let released = crate::release::release(&self.backend, grant)
                 .instrument(span.clone())
                 .await;
             span.in_scope(|| {
@@ -205,7 +205,7 @@ impl Drop for LockGuard {
             Some(handle) => {
                 let backend = self.backend.clone();
                 handle.spawn(async move {
-                    let _ = crate::settle::release(&backend, &grant).await;
+                    let _ = crate::release::release(&backend, &grant).await;
                 });
             }
             // Nothing can send the release: the lease ends the hold.

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod acquire;
 pub mod backend;
 mod capability;
 pub mod config;
@@ -34,11 +35,12 @@ mod grant;
 mod guard;
 mod keeper;
 mod lock;
+mod lost_reply;
 pub mod memory;
 mod name;
 mod observe;
 mod options;
-mod settle;
+mod release;
 mod wakes;
 mod watchdog;
 

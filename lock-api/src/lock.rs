@@ -501,7 +501,7 @@ pub enum OnTheSpot {
 }
 
 pub(crate) mod sealed {
-    /// Only lock-api's keepers: the watchdog (here) and the in-memory store (in memory.rs).
+    /// Only lock-api's keepers: the watchdog (here) and the in-memory store (in memory/keeper.rs).
     pub trait Sealed {}
     impl Sealed for crate::watchdog::Watchdog<dyn super::DistributedLock> {}
 }

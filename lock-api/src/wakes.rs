@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::grant::AcquireRequest;
+use crate::grant::{AcquireRequest, Grant};
 use crate::name::LockName;
-use crate::settle::Handed;
 
 /// How many times in a row a handle passes a lock to its own waiters before a release frees it
 /// on the server instead (where any client may take it).
@@ -51,6 +50,47 @@ pub(crate) struct Offer {
     pub(crate) req: AcquireRequest,
     /// Where the grant goes. A send to a waiter that left gives the grant back (it drops).
     pub(crate) to: oneshot::Sender<Handed>,
+}
+
+/// A grant a release handed over to a waiter of its handle
+/// ([`DistributedLock::hand_over`](crate::DistributedLock::hand_over)), on its way to that
+/// waiter. What becomes of it is the releasing side's to say (`settle`): taken by the waiter
+/// ([`Handed::into_grant`]), or given back when it is dropped instead.
+pub(crate) struct Handed {
+    grant: Option<Grant>,
+    settle: Option<Settle>,
+}
+
+/// Told what became of a handed grant: taken (`true`) or dropped (`false`).
+type Settle = Box<dyn FnOnce(&Grant, bool) + Send>;
+
+impl Handed {
+    pub(crate) fn new(grant: Grant, settle: Settle) -> Self {
+        Self {
+            grant: Some(grant),
+            settle: Some(settle),
+        }
+    }
+
+    /// The grant, for the waiter's guard.
+    pub(crate) fn into_grant(mut self) -> Grant {
+        let grant = self
+            .grant
+            .take()
+            .expect("a Handed holds its grant until taken");
+        if let Some(settle) = self.settle.take() {
+            settle(&grant, true);
+        }
+        grant
+    }
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        if let (Some(grant), Some(settle)) = (self.grant.take(), self.settle.take()) {
+            settle(&grant, false);
+        }
+    }
 }
 
 /// The polling waiters of one client handle, by lock name.

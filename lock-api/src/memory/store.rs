@@ -1,111 +1,86 @@
-//! The in-memory backend: the reference model of the contract, with every capability on.
-//!
-//! A [`MemoryStore`] plays the server; each [`MemoryLock`] is one client of it with its own
-//! owner id. Waiters queue per name and the releasing holder hands the lock to the first live
-//! waiter, so waiting is notice-driven and FIFO.
-//!
-//! The store also plays the watchdog for the guards the conveniences hand out: it keeps a
-//! watchdog-managed lease alive while its guard lives (the renewals could not fail: client and
-//! "server" share one process), and it tells a guard's `lost()` the moment its holder goes. So
-//! a lock cycle costs a few hundred nanoseconds and holding many locks costs no renewal work.
+//! The store: the in-memory backend's "server", with one slot per name ever locked, its holder,
+//! its FIFO queue of waiters and its fencing counter.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use async_trait::async_trait;
-use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 
-use crate::backend::wait::{timeout, Attempt, Waiting};
-use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+use crate::backend::wait::timeout;
 use crate::error::LostReason;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{drift, lost, safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::grant::{drift, safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState};
-use crate::lock::{sealed::Sealed, ClientCore, DistributedLock, LeaseKeeper, OnTheSpot};
 use crate::name::{LockName, OwnerId};
 
 /// The backend's name, as errors, traces and metrics show it.
 pub(crate) const BACKEND: &str = "memory";
 
-/// What the in-memory backend promises: everything.
-pub const CAPABILITIES: Capabilities = Capabilities::new()
-    .reentrant(true)
-    .blocking(Blocking::Notify)
-    .ttl(TtlSupport::new(
-        LeaseKind::PerLock,
-        Duration::from_millis(1),
-        Duration::from_nanos(1),
-    ))
-    .fair(true)
-    .fencing(Fencing::Volatile)
-    .renewal(true);
-
-/// The shared state that [`MemoryLock`] clients lock against: the "server".
+/// The shared state that [`MemoryLock`](super::MemoryLock) clients lock against: the "server".
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     /// One slot per name ever locked. Slots are never removed, because each carries the name's
     /// fencing counter, which must never go back; so a slot's index never changes, and an
     /// in-process guard keeps it to find its slot again without hashing the name.
-    slots: Vec<Slot>,
+    pub(super) slots: Vec<Slot>,
     /// Each slot's index, by name.
-    index: HashMap<LockName, usize>,
-    next_waiter: u64,
+    pub(super) index: HashMap<LockName, usize>,
+    pub(super) next_waiter: u64,
 }
 
-struct Slot {
+pub(super) struct Slot {
     /// The name, shared by every grant of it: an `Arc` clone, no allocation.
-    name: LockName,
-    holder: Option<Holder>,
-    waiters: VecDeque<Waiter>,
+    pub(super) name: LockName,
+    pub(super) holder: Option<Holder>,
+    pub(super) waiters: VecDeque<Waiter>,
     /// The last fencing token issued for this name.
-    token: u64,
+    pub(super) token: u64,
     /// Why the last holder that did not release ended (expired, removed), by its token: what an
     /// in-process guard of it reports as its lost reason.
-    ended: Option<(FencingToken, LostReason)>,
+    pub(super) ended: Option<(FencingToken, LostReason)>,
     /// The `lost()` futures of in-process guards of the current holder, told when it goes.
-    watchers: Vec<Weak<HoldState>>,
+    pub(super) watchers: Vec<Weak<HoldState>>,
     /// The owner id of the last holder, kept when it goes: a client that takes the name again
     /// (the usual pattern) gets it back instead of a fresh clone, so a lock cycle costs the
     /// owner's reference count nothing.
-    last_owner: Option<OwnerId>,
+    pub(super) last_owner: Option<OwnerId>,
 }
 
-struct Holder {
-    owner: OwnerId,
-    count: u32,
-    token: FencingToken,
+pub(super) struct Holder {
+    pub(super) owner: OwnerId,
+    pub(super) count: u32,
+    pub(super) token: FencingToken,
     /// When the lease runs out, unless `kept` is above zero.
-    expires_at: Instant,
+    pub(super) expires_at: Instant,
     /// How many of the holds are in-process guards with a watchdog-managed lease. While one is
     /// alive the store keeps the lease itself, as the watchdog would by renewing it; this
     /// backend's "server" lives and dies with its clients, so the renewal cannot fail.
-    kept: u32,
+    pub(super) kept: u32,
     /// The lease those guards renew with: what is left when the last of them goes.
-    kept_ttl: Duration,
+    pub(super) kept_ttl: Duration,
     /// When the grant was made: [`LockInfo::since`].
-    granted_at: Instant,
+    pub(super) granted_at: Instant,
 }
 
 impl Holder {
-    fn live(&self, now: Instant) -> bool {
+    pub(super) fn live(&self, now: Instant) -> bool {
         self.kept > 0 || self.expires_at > now
     }
 
     /// Whether this is `grant`'s holder (lease not checked): the one test every conditional
     /// release and renew makes.
-    fn is(&self, grant: &Grant) -> bool {
+    pub(super) fn is(&self, grant: &Grant) -> bool {
         self.token == grant.token && self.owner == grant.owner
     }
 }
 
-struct Waiter {
+pub(super) struct Waiter {
     id: u64,
     owner: OwnerId,
     ttl: Duration,
@@ -114,7 +89,7 @@ struct Waiter {
 }
 
 /// Whether an in-process guard still holds its lock, as the store sees it.
-enum LocalStatus {
+pub(super) enum LocalStatus {
     /// Held; safe until then (`None`: kept by the store while the guard lives).
     Held(Option<Instant>),
     Lost(LostReason),
@@ -156,7 +131,7 @@ fn removed() -> LostReason {
 }
 
 impl Slot {
-    fn new(name: LockName) -> Self {
+    pub(super) fn new(name: LockName) -> Self {
         Self {
             name,
             holder: None,
@@ -170,26 +145,26 @@ impl Slot {
 
     /// `owner`, as the new holder's own: the last holder's copy of the label, retagged, if it
     /// shares the label (each acquisition of a client has an id of its own, on one label).
-    fn take_owner(&mut self, owner: &OwnerId) -> OwnerId {
+    pub(super) fn take_owner(&mut self, owner: &OwnerId) -> OwnerId {
         match self.last_owner.take() {
             Some(last) if last.shares_label(owner) => last.with_tag_of(owner),
             _ => owner.clone(),
         }
     }
 
-    fn fresh_token(&mut self) -> FencingToken {
+    pub(super) fn fresh_token(&mut self) -> FencingToken {
         self.token += 1;
         FencingToken(self.token)
     }
 
     /// The holder, unless its lease has run out.
-    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+    pub(super) fn live_holder(&self, now: Instant) -> Option<&Holder> {
         self.holder.as_ref().filter(|h| h.live(now))
     }
 
     /// Ends the current holder (recording `why`, if it did not simply release) and tells the
     /// in-process guards watching it.
-    fn end_holder(&mut self, why: Option<LostReason>) {
+    pub(super) fn end_holder(&mut self, why: Option<LostReason>) {
         if let Some(h) = self.holder.take() {
             if let Some(why) = why {
                 self.ended = Some((h.token, why));
@@ -205,7 +180,7 @@ impl Slot {
 
     /// Drops an expired holder and, while the lock is free, hands it to the first waiter that
     /// is still listening. Called on every state change that can free a lock.
-    fn dispatch(&mut self, now: Instant) {
+    pub(super) fn dispatch(&mut self, now: Instant) {
         if self.holder.as_ref().is_some_and(|h| !h.live(now)) {
             self.end_holder(Some(LostReason::Expired));
         }
@@ -234,7 +209,7 @@ impl Slot {
     /// Grants at once if free or held by `owner`; `None` if held by someone else (or if others
     /// already queue for it: FIFO). `kept`: the grant is for an in-process guard whose lease
     /// the store keeps.
-    fn try_grant(
+    pub(super) fn try_grant(
         &mut self,
         owner: OwnerId,
         ttl: Duration,
@@ -272,7 +247,7 @@ impl Slot {
 
     /// What [`DistributedLock::inspect`] says of this name at `now`, its expired holder
     /// dropped and waiters served first.
-    fn info(&mut self, now: Instant) -> Option<LockInfo> {
+    pub(super) fn info(&mut self, now: Instant) -> Option<LockInfo> {
         self.dispatch(now);
         let h = self.live_holder(now)?;
         let left = h.expires_at.saturating_duration_since(now);
@@ -289,13 +264,13 @@ impl Slot {
     }
 
     /// The holder, if it is `grant`'s (lease not checked).
-    fn holder_of(&mut self, grant: &Grant) -> Option<&mut Holder> {
+    pub(super) fn holder_of(&mut self, grant: &Grant) -> Option<&mut Holder> {
         self.holder.as_mut().filter(|h| h.is(grant))
     }
 
     /// Gives up one hold of `grant`; false if it no longer held the lock. `kept`: the hold is
     /// an in-process guard's whose lease the store keeps.
-    fn release(&mut self, grant: &Grant, kept: bool) -> bool {
+    pub(super) fn release(&mut self, grant: &Grant, kept: bool) -> bool {
         let Some(h) = self.holder_of(grant) else {
             return false;
         };
@@ -323,7 +298,7 @@ impl Slot {
 
 impl State {
     /// `name`'s slot, made on first use, and its index.
-    fn slot(&mut self, name: &LockName) -> (usize, &mut Slot) {
+    pub(super) fn slot(&mut self, name: &LockName) -> (usize, &mut Slot) {
         let next = self.slots.len();
         // The owned key is an `Arc` clone: no allocation.
         let at = *self.index.entry(name.clone()).or_insert(next);
@@ -334,7 +309,7 @@ impl State {
     }
 
     /// `name`'s slot, if it has one: at index `at` if given and right, else looked up.
-    fn find(&mut self, name: &LockName, at: Option<usize>) -> Option<&mut Slot> {
+    pub(super) fn find(&mut self, name: &LockName, at: Option<usize>) -> Option<&mut Slot> {
         // Names compare by pointer first: a grant's name is its slot's.
         let at = match at.filter(|&i| self.slots.get(i).is_some_and(|s| s.name == *name)) {
             Some(i) => i,
@@ -362,15 +337,7 @@ impl MemoryStore {
         stores.entry(name.to_string()).or_default().clone()
     }
 
-    /// A new client of this store, with its own owner id and watchdog.
-    pub fn client(&self) -> MemoryLock {
-        MemoryLock {
-            store: self.clone(),
-            core: ClientCore::new(BACKEND),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Every mutation of `State` completes before anything that could panic, so a poisoned
         // lock still guards consistent state.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -404,44 +371,6 @@ impl MemoryStore {
         self.lock().slots.iter().map(|s| s.waiters.len()).sum()
     }
 }
-
-/// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
-/// [`MemoryStore::client`] for several clients of one store.
-///
-/// Its guards are the store's own business: the store keeps a watchdog-managed lease alive for
-/// as long as its guard lives (so the client's watchdog has nothing to renew), a dropped guard
-/// releases at once, with or without a runtime, and `lost()` hears from the store the moment
-/// the lock is removed. A wrapper around it that does not forward
-/// [`DistributedLock::keeper`] gets the guards every networked backend gets instead.
-pub struct MemoryLock {
-    store: MemoryStore,
-    core: ClientCore,
-}
-
-impl Default for MemoryLock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MemoryLock {
-    /// A client of a fresh store of its own.
-    pub fn new() -> Self {
-        MemoryStore::new().client()
-    }
-
-    /// The store this client locks against.
-    pub fn store(&self) -> &MemoryStore {
-        &self.store
-    }
-
-    /// Uses `core` (owner id, default TTL) instead of the default one.
-    pub fn with_core(mut self, core: ClientCore) -> Self {
-        self.core = core;
-        self
-    }
-}
-
 impl MemoryStore {
     /// The acquire attempt: granted at once if free or held by `owner`, with the index of
     /// the name's slot. `name` has passed [`check_name`](crate::name::check_name); a name locked
@@ -449,7 +378,7 @@ impl MemoryStore {
     /// nothing is allocated.
     /// `owner` moves into the grant, or comes back when the lock is held by someone else.
     #[inline(always)]
-    fn grant(
+    pub(super) fn grant(
         &self,
         name: &str,
         owner: OwnerId,
@@ -469,7 +398,7 @@ impl MemoryStore {
 
     /// Gives up one hold of `grant`; false if it no longer held the lock. `at`: the index of
     /// its slot, if known (else anything out of range, such as `usize::MAX`).
-    fn release_at(&self, grant: &Grant, kept: bool, at: usize) -> bool {
+    pub(super) fn release_at(&self, grant: &Grant, kept: bool, at: usize) -> bool {
         self.lock()
             .find(&grant.name, Some(at))
             .is_some_and(|slot| slot.release(grant, kept))
@@ -477,7 +406,7 @@ impl MemoryStore {
 
     /// Whether `hold` (of an in-process guard) still holds its lock. With `watch`, the store
     /// also tells it when the holder goes.
-    fn status(&self, hold: &Hold, watch: Option<&Arc<HoldState>>) -> LocalStatus {
+    pub(super) fn status(&self, hold: &Hold, watch: Option<&Arc<HoldState>>) -> LocalStatus {
         let (grant, kept) = (&hold.grant, hold.kept.get());
         let mut s = self.lock();
         let now = Instant::now();
@@ -511,7 +440,12 @@ impl MemoryStore {
 
     /// Waits up to `wait` for `req`'s lock in the name's queue; `kept` as for
     /// [`LeaseKeeper::grant_now`].
-    async fn queue(&self, req: &AcquireRequest, wait: Duration, kept: bool) -> Result<Grant> {
+    pub(super) async fn queue(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+        kept: bool,
+    ) -> Result<Grant> {
         tokio::task::coop::consume_budget().await;
         let started = Instant::now();
         let deadline = started + wait;
@@ -576,111 +510,6 @@ impl MemoryStore {
     }
 }
 
-/// The store keeps the leases of its own guards: a watchdog-managed lease stays alive while its
-/// guard lives (the renewals could not fail: client and "server" share one process), `lost()`
-/// hears from the store the moment the holder goes, and grants and releases happen on the
-/// spot, with or without a runtime.
-impl Sealed for MemoryStore {}
-
-impl LeaseKeeper for MemoryStore {
-    fn keep(
-        &self,
-        backend: &Arc<dyn DistributedLock>,
-        grant: Grant,
-        renew: Option<Duration>,
-        _leased: bool,
-    ) -> Hold {
-        // The store's guards need no count of holds: their releases cannot go unanswered.
-        backend.core().holds().remove(&grant.name, &grant.owner);
-        if let Some(ttl) = renew {
-            let mut s = self.lock();
-            let holder = s
-                .find(&grant.name, None)
-                .and_then(|slot| slot.holder_of(&grant));
-            if let Some(h) = holder {
-                h.kept += 1;
-                h.kept_ttl = h.kept_ttl.max(ttl);
-            }
-        }
-        Hold::new(grant, u64::MAX, renew.is_some())
-    }
-
-    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
-        match self.grant(name, owner, ttl, kept) {
-            Ok((grant, at)) => OnTheSpot::Granted(Hold::new(grant, at as u64, kept)),
-            Err(owner) => OnTheSpot::Held(owner),
-        }
-    }
-
-    fn queue_now<'a>(
-        &'a self,
-        req: AcquireRequest,
-        wait: Duration,
-        kept: bool,
-    ) -> Option<BoxFuture<'a, Result<Hold>>> {
-        Some(Box::pin(async move {
-            let grant = self.queue(&req, wait, kept).await?;
-            Ok(Hold::new(grant, u64::MAX, kept))
-        }))
-    }
-
-    fn safe_until(&self, hold: &Hold) -> Option<Instant> {
-        let grant = &hold.grant;
-        Some(match self.status(hold, None) {
-            LocalStatus::Held(Some(until)) => until,
-            // Kept: renewed continuously, a full lease from now.
-            LocalStatus::Held(None) => safe_until(Instant::now(), grant.ttl),
-            LocalStatus::Lost(_) => safe_until(grant.sent_at, grant.ttl),
-        })
-    }
-
-    fn lost_reason(&self, hold: &Hold) -> Option<LostReason> {
-        match self.status(hold, None) {
-            LocalStatus::Lost(why) => Some(why),
-            LocalStatus::Held(_) => None,
-        }
-    }
-
-    fn watch(&self, hold: &Hold) -> std::result::Result<Option<Instant>, LostReason> {
-        match self.status(hold, hold.shared.get()) {
-            LocalStatus::Held(until) => Ok(until),
-            LocalStatus::Lost(why) => Err(why),
-        }
-    }
-
-    fn extended(&self, _: &Hold, _: Instant, _: &Result<Duration>) {
-        // The store has the lease, and tells the guard.
-    }
-
-    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
-        // Marked before the store lets go, so a `lost()` future the store wakes sees a
-        // release, not a loss.
-        let shared = hold.shared.get();
-        if let Some(w) = shared {
-            w.mark_released();
-        }
-        let at = usize::try_from(hold.ticket).unwrap_or(usize::MAX);
-        let released = self.release_at(&hold.grant, hold.kept.get(), at);
-        if let Some(w) = shared {
-            w.changed.notify_waiters();
-        }
-        let outcome = match (dropped, released) {
-            (true, _) => "dropped",
-            (false, true) => "released",
-            (false, false) => "not_held",
-        };
-        crate::observe::released_metrics(BACKEND, outcome);
-        Some(released)
-    }
-
-    fn let_go(&self, hold: &Hold) {
-        if let Some(w) = hold.shared.get() {
-            w.mark_released();
-            w.changed.notify_waiters();
-        }
-    }
-}
-
 /// Removes a queued waiter if its acquire is dropped, and releases a grant that was handed to
 /// it after it stopped listening.
 struct QueuedWaiter<'a> {
@@ -708,114 +537,5 @@ impl Drop for QueuedWaiter<'_> {
             }
         }
         slot.dispatch(Instant::now());
-    }
-}
-
-#[async_trait]
-impl DistributedLock for MemoryLock {
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
-
-    fn core(&self) -> &ClientCore {
-        &self.core
-    }
-
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
-        // lock calls must still let the runtime run its other tasks (the watchdog among them).
-        // Acquires spend it, releases do not: a loop that releases also acquires. (The
-        // conveniences spend it before calling `grant_now`.)
-        tokio::task::coop::consume_budget().await;
-        Ok(
-            match self
-                .store
-                .grant(req.name.as_str(), req.owner.clone(), req.ttl, false)
-            {
-                Ok((grant, _)) => Attempt::Granted(grant),
-                // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
-                Err(_) => Attempt::Held { expires_in: None },
-            },
-        )
-    }
-
-    /// The store keeps a queue of waiters per name.
-    fn waiting(&self) -> Waiting {
-        Waiting::Queue
-    }
-
-    fn keeper(&self) -> &dyn LeaseKeeper {
-        &self.store
-    }
-
-    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        self.store.queue(req, wait, false).await
-    }
-
-    async fn release(&self, grant: &Grant) -> Result<bool> {
-        Ok(self.store.release_at(grant, false, usize::MAX))
-    }
-
-    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
-        let mut s = self.store.lock();
-        let now = Instant::now();
-        let holder = s
-            .find(&grant.name, None)
-            .and_then(|slot| slot.holder_of(grant))
-            .filter(|h| h.live(now));
-        match holder {
-            Some(h) => {
-                // A renewal never shortens the lease: another hold of the same owner, or the
-                // guard's own safe-until, may rely on the longer one.
-                h.expires_at = h.expires_at.max(now + ttl);
-                Ok(h.expires_at - now)
-            }
-            None => Err(lost(
-                &grant.name,
-                "the lock is no longer held by this grant",
-            )),
-        }
-    }
-
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        tokio::task::coop::consume_budget().await;
-        let mut s = self.store.lock();
-        let now = Instant::now();
-        let Some(slot) = s.find(name, None) else {
-            return Ok(None);
-        };
-        Ok(slot.info(now))
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
-        tokio::task::coop::consume_budget().await;
-        let mut s = self.store.lock();
-        let now = Instant::now();
-        let mut held: Vec<_> = s
-            .slots
-            .iter_mut()
-            .filter(|slot| slot.name.as_str().starts_with(prefix))
-            .filter_map(|slot| Some((slot.name.clone(), slot.info(now)?)))
-            .collect();
-        held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        Ok(held)
-    }
-
-    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        tokio::task::coop::consume_budget().await;
-        let mut s = self.store.lock();
-        let now = Instant::now();
-        let Some(slot) = s.find(name, None) else {
-            return Ok(false);
-        };
-        slot.dispatch(now);
-        if slot.holder.as_ref().is_none_or(|h| h.token != token) {
-            return Ok(false);
-        }
-        slot.end_holder(Some(LostReason::Taken(
-            "force-released by an operator".to_string(),
-        )));
-        slot.dispatch(now);
-        Ok(true)
     }
 }

@@ -1,0 +1,197 @@
+//! The in-memory backend: the reference model of the contract, with every capability on.
+//!
+//! A [`MemoryStore`] plays the server; each [`MemoryLock`] is one client of it with its own
+//! owner id. Waiters queue per name and the releasing holder hands the lock to the first live
+//! waiter, so waiting is notice-driven and FIFO.
+//!
+//! The store also plays the watchdog for the guards the conveniences hand out: it keeps a
+//! watchdog-managed lease alive while its guard lives (the renewals could not fail: client and
+//! "server" share one process), and it tells a guard's `lost()` the moment its holder goes. So
+//! a lock cycle costs a few hundred nanoseconds and holding many locks costs no renewal work.
+
+mod keeper;
+mod store;
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::backend::wait::{Attempt, Waiting};
+use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+use crate::error::LostReason;
+use crate::error::Result;
+use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::lock::{ClientCore, DistributedLock, LeaseKeeper};
+use crate::name::LockName;
+
+pub use store::MemoryStore;
+pub(crate) use store::BACKEND;
+
+/// What the in-memory backend promises: everything.
+pub const CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::PerLock,
+        Duration::from_millis(1),
+        Duration::from_nanos(1),
+    ))
+    .fair(true)
+    .fencing(Fencing::Volatile)
+    .renewal(true);
+
+/// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
+/// [`MemoryStore::client`] for several clients of one store.
+///
+/// Its guards are the store's own business: the store keeps a watchdog-managed lease alive for
+/// as long as its guard lives (so the client's watchdog has nothing to renew), a dropped guard
+/// releases at once, with or without a runtime, and `lost()` hears from the store the moment
+/// the lock is removed. A wrapper around it that does not forward
+/// [`DistributedLock::keeper`] gets the guards every networked backend gets instead.
+pub struct MemoryLock {
+    store: MemoryStore,
+    core: ClientCore,
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLock {
+    /// A client of a fresh store of its own.
+    pub fn new() -> Self {
+        MemoryStore::new().client()
+    }
+
+    /// The store this client locks against.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// Uses `core` (owner id, default TTL) instead of the default one.
+    pub fn with_core(mut self, core: ClientCore) -> Self {
+        self.core = core;
+        self
+    }
+}
+
+impl MemoryStore {
+    /// A new client of this store, with its own owner id and watchdog.
+    pub fn client(&self) -> MemoryLock {
+        MemoryLock {
+            store: self.clone(),
+            core: ClientCore::new(BACKEND),
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
+        // lock calls must still let the runtime run its other tasks (the watchdog among them).
+        // Acquires spend it, releases do not: a loop that releases also acquires. (The
+        // conveniences spend it before calling `grant_now`.)
+        tokio::task::coop::consume_budget().await;
+        Ok(
+            match self
+                .store
+                .grant(req.name.as_str(), req.owner.clone(), req.ttl, false)
+            {
+                Ok((grant, _)) => Attempt::Granted(grant),
+                // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
+                Err(_) => Attempt::Held { expires_in: None },
+            },
+        )
+    }
+
+    /// The store keeps a queue of waiters per name.
+    fn waiting(&self) -> Waiting {
+        Waiting::Queue
+    }
+
+    fn keeper(&self) -> &dyn LeaseKeeper {
+        &self.store
+    }
+
+    async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
+        self.store.queue(req, wait, false).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool> {
+        Ok(self.store.release_at(grant, false, usize::MAX))
+    }
+
+    async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let holder = s
+            .find(&grant.name, None)
+            .and_then(|slot| slot.holder_of(grant))
+            .filter(|h| h.live(now));
+        match holder {
+            Some(h) => {
+                // A renewal never shortens the lease: another hold of the same owner, or the
+                // guard's own safe-until, may rely on the longer one.
+                h.expires_at = h.expires_at.max(now + ttl);
+                Ok(h.expires_at - now)
+            }
+            None => Err(lost(
+                &grant.name,
+                "the lock is no longer held by this grant",
+            )),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let Some(slot) = s.find(name, None) else {
+            return Ok(None);
+        };
+        Ok(slot.info(now))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let mut held: Vec<_> = s
+            .slots
+            .iter_mut()
+            .filter(|slot| slot.name.as_str().starts_with(prefix))
+            .filter_map(|slot| Some((slot.name.clone(), slot.info(now)?)))
+            .collect();
+        held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let Some(slot) = s.find(name, None) else {
+            return Ok(false);
+        };
+        slot.dispatch(now);
+        if slot.holder.as_ref().is_none_or(|h| h.token != token) {
+            return Ok(false);
+        }
+        slot.end_holder(Some(LostReason::Taken(
+            "force-released by an operator".to_string(),
+        )));
+        slot.dispatch(now);
+        Ok(true)
+    }
+}
