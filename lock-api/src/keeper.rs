@@ -1,5 +1,5 @@
 //! What a guard holds once its acquire has returned, for its lease keeper
-//! ([`LeaseKeeper`](crate::LeaseKeeper)).
+//! ([`LeaseKeeper`](crate::backend::LeaseKeeper)).
 //!
 //! A [`LockGuard`](crate::LockGuard) holds one kind of thing, a [`Hold`]: its grant and what
 //! its keeper needs to find it again. The keeper keeps the lease (renewing a watchdog-managed
@@ -179,7 +179,7 @@ impl HoldState {
 }
 
 /// The holds of each name and owner that one client handle accounts for: its live guards and
-/// its acquires in flight (see [`settle`](crate::settle)).
+/// its acquires in flight (see [`lost_reply`](crate::lost_reply)).
 #[derive(Default)]
 pub(crate) struct Holds {
     counts: Mutex<HashMap<(LockName, OwnerId), u32>>,

@@ -7,7 +7,7 @@
 //! guard relies on. An acquisition's own owner id names exactly one acquisition, but a re-entry
 //! (through [`LockGuard::reenter`](crate::LockGuard::reenter), or an explicit owner acquiring
 //! twice) adds a hold to a hold that guards of this handle already have. So the core counts, per
-//! name and owner, the holds this handle accounts for ([`Holds`]): its live guards and its
+//! name and owner, the holds this handle accounts for ([`Holds`](crate::keeper::Holds)): its live guards and its
 //! acquires in flight. A give-back releases one hold only while the server reports more holds
 //! than that: the surplus is what lost requests left behind.
 //!
@@ -129,7 +129,7 @@ pub(crate) enum Job {
         owner: OwnerId,
         ttl: Duration,
     },
-    /// Take away one hold of a grant (counted in [`Holds`] until the server answers).
+    /// Take away one hold of a grant (counted in [`Holds`](crate::keeper::Holds) until the server answers).
     Release(Grant),
 }
 

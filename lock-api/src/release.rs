@@ -12,7 +12,7 @@ use crate::lost_reply::{answer_lost, settle, Job, Uncount};
 use crate::observe::{self, Settling};
 use crate::wakes::{Handed, Offer};
 
-/// Releases one hold of `grant` (a guard's, counted in [`Holds`]), and settles the count: it
+/// Releases one hold of `grant` (a guard's, counted in [`Holds`](crate::keeper::Holds)), and settles the count: it
 /// goes once the server has answered. A release whose answer was lost is sent again in the
 /// background until one is answered or the lease has run out; the caller gets the first
 /// attempt's outcome.

@@ -4,7 +4,7 @@
 //! ([`poll`]), woken by the server's notices ([`notify`]), or in the server's own queue
 //! ([`DistributedLock::acquire`]); then wrap the grant in a [`LockGuard`]. Every acquire counts
 //! as in flight until it becomes a guard, and one whose answer was lost is given back
-//! ([`lost_reply`](crate::lost_reply)).
+//! ([`lost_reply`]).
 
 mod attempt;
 mod local;
@@ -239,7 +239,7 @@ async fn acquire_waiting(
 
 /// Adds context to an acquire's error, and when the error leaves the outcome unknown (the
 /// server may have applied the request whose answer never came), has the hold it may have added
-/// given back in the background ([`lost_reply`](crate::lost_reply)). The acquire no longer counts as in
+/// given back in the background ([`lost_reply`]). The acquire no longer counts as in
 /// flight by now, so the give-back takes exactly the surplus it may have left.
 fn acquire_failed(this: &Arc<dyn DistributedLock>, req: &AcquireRequest, e: Error) -> Error {
     let e = context(e, &**this, &req.name);

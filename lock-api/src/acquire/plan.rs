@@ -89,7 +89,7 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// How a networked guard keeps its lease: what [`LockGuard::new`] takes besides the grant.
+/// How a networked guard keeps its lease: what [`LockGuard::new`](crate::guard::LockGuard::new) takes besides the grant.
 pub(super) struct Keeping {
     pub(super) renew: Option<Duration>,
     pub(super) leased: bool,

@@ -245,7 +245,7 @@ impl Slot {
         Ok(grant(&self.name, owner, token, 1, ttl, now))
     }
 
-    /// What [`DistributedLock::inspect`] says of this name at `now`, its expired holder
+    /// What [`DistributedLock::inspect`](crate::DistributedLock::inspect) says of this name at `now`, its expired holder
     /// dropped and waiters served first.
     pub(super) fn info(&mut self, now: Instant) -> Option<LockInfo> {
         self.dispatch(now);
@@ -439,7 +439,7 @@ impl MemoryStore {
     }
 
     /// Waits up to `wait` for `req`'s lock in the name's queue; `kept` as for
-    /// [`LeaseKeeper::grant_now`].
+    /// [`LeaseKeeper::grant_now`](crate::backend::LeaseKeeper::grant_now).
     pub(super) async fn queue(
         &self,
         req: &AcquireRequest,
