@@ -19,10 +19,6 @@ use crate::watchdog::{Renewer, Watchdog};
 /// The default lease of a watchdog-managed lock, when neither the client nor the caller set one.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
-/// How many holds past the ones it saw the default
-/// [`force_release`](DistributedLock::force_release) gives up before it stops.
-const FORCE_RELEASE_SLACK: u32 = 64;
-
 /// The primitives a lock backend implements. Users call the conveniences of
 /// [`LockExt`](crate::LockExt) on an `Arc` of it, which validate input, build the
 /// [`LockGuard`](crate::LockGuard) and enrol it with the client's watchdog.
@@ -202,45 +198,10 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// `Ok(false)` if the lock was free or held under another token. Waiters are woken as by a
     /// release; the holder's guard learns of it at its next renewal, and its `lost()` fires.
     ///
-    /// The default reads the holder with [`inspect`](Self::inspect) and gives up its holds one
-    /// by one with [`release`](Self::release), each conditional on owner and token on the
-    /// server: right wherever a release needs no [`Grant::key`]. Backends whose grants carry
-    /// one override it.
-    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        let Some(info) = self.inspect(name).await? else {
-            return Ok(false);
-        };
-        if info.token != token {
-            return Ok(false);
-        }
-        let grant = Grant {
-            name: name.clone(),
-            hold_count: info.hold_count,
-            ttl: info
-                .remaining
-                .unwrap_or(DEFAULT_TTL)
-                .max(Duration::from_millis(1)),
-            owner: info.owner,
-            token,
-            sent_at: Instant::now(),
-            key: String::new(),
-        };
-        // The holder may re-enter meanwhile, adding holds: give them up until the grant holds
-        // no more, within a bound so that a holder re-entering without end cannot keep this
-        // going.
-        let mut freed = false;
-        for _ in 0..info.hold_count.saturating_add(FORCE_RELEASE_SLACK) {
-            if !self.release(&grant).await? {
-                return Ok(freed);
-            }
-            freed = true;
-        }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "the holder kept re-entering while its holds were given up: try again",
-        )
-        .with_lock(name))
-    }
+    /// Where a release needs no [`Grant::key`],
+    /// [`backend::force_release_by_releases`](crate::backend::force_release_by_releases) is the
+    /// whole implementation.
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool>;
 
     /// Gives back the hold that an acquire of `name` by `owner` may have added when its outcome
     /// is unknown (the request went out, the answer never came): one hold, if `owner` has more
@@ -250,29 +211,10 @@ pub trait DistributedLock: Send + Sync + 'static {
     ///
     /// The conveniences call it in the background until the lease asked for has run out (after
     /// that, a grant the server applied late has expired by itself), on backends with per-lock
-    /// leases; session-bound backends clean up with their session. The default finds the hold
-    /// with [`inspect`](Self::inspect) and releases one by its token: right wherever a release
-    /// needs no [`Grant::key`]. Backends whose grants carry one override it.
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
-        match self.inspect(name).await? {
-            Some(info)
-                if info.owner == *owner
-                    && info.hold_count > self.core().holds_accounted(name, owner) =>
-            {
-                let grant = Grant {
-                    name: name.clone(),
-                    owner: owner.clone(),
-                    token: info.token,
-                    hold_count: info.hold_count,
-                    ttl,
-                    sent_at: Instant::now(),
-                    key: String::new(),
-                };
-                self.release(&grant).await
-            }
-            _ => Ok(false),
-        }
-    }
+    /// leases; session-bound backends clean up with their session. Where a release needs no
+    /// [`Grant::key`], [`backend::give_back_by_release`](crate::backend::give_back_by_release)
+    /// is the whole implementation.
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool>;
 }
 
 /// The state every client handle carries, written once here for every backend: the backend's

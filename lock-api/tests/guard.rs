@@ -180,6 +180,21 @@ impl Remote {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Remote {
+    async fn force_release(
+        &self,
+        name: &distlock_api::LockName,
+        token: distlock_api::FencingToken,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::force_release_by_releases(self, name, token).await
+    }
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
     fn capabilities(&self) -> distlock_api::Capabilities {
         self.inner.capabilities()
     }
@@ -236,6 +251,21 @@ impl Batching {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Batching {
+    async fn force_release(
+        &self,
+        name: &distlock_api::LockName,
+        token: distlock_api::FencingToken,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::force_release_by_releases(self, name, token).await
+    }
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
     fn capabilities(&self) -> distlock_api::Capabilities {
         self.inner.capabilities()
     }

@@ -8,7 +8,7 @@ use distlock_api::backend::wait::{Attempt, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::{
     Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, MemoryLock,
-    MemoryStore, Result,
+    MemoryStore, OwnerId, Result,
 };
 
 pub(crate) struct Memory {
@@ -63,6 +63,9 @@ impl DistributedLock for Watched {
     }
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
         self.0.force_release(name, token).await
+    }
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+        self.0.give_back(name, owner, ttl).await
     }
 }
 

@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::backend::give_back_by_release;
 use crate::backend::wait::{Attempt, Waiting};
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
 use crate::error::LostReason;
 use crate::error::Result;
 use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::lock::{ClientCore, DistributedLock, LeaseKeeper};
-use crate::name::LockName;
+use crate::name::{LockName, OwnerId};
 
 pub use store::MemoryStore;
 pub(crate) use store::BACKEND;
@@ -175,6 +176,10 @@ impl DistributedLock for MemoryLock {
             .collect();
         held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         Ok(held)
+    }
+
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+        give_back_by_release(self, name, owner, ttl).await
     }
 
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
