@@ -21,6 +21,24 @@
 //! # Ok::<_, distlock_api::Error>(())
 //! # }).unwrap();
 //! ```
+//!
+//! # Words
+//!
+//! The code and its docs use these words in one sense each:
+//!
+//! - **grant**: what the server gave one acquisition: name, owner id, fencing token, lease
+//!   ([`Grant`]). A fresh grant has a new token; a re-entry adds a hold to the same grant.
+//! - **hold**: one of a grant's counted acquisitions. The lock is free when its grant's last
+//!   hold is given up. Each [`LockGuard`] is one hold.
+//! - **holder**: the owner whose grant holds the lock now ([`LockInfo`]).
+//! - **hand-over**: a release that passes the lock to a waiter of the same client handle in the
+//!   same request, with a new grant ([`DistributedLock::hand_over`]).
+//! - **give-back**: taking away the hold an acquire may have left when its answer was lost
+//!   ([`DistributedLock::give_back`]).
+//! - **lease** and **safe-until**: how long the server keeps a grant without renewal, and the
+//!   instant until which the guard may act as holder (the lease counted from the request's
+//!   send, less drift).
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
