@@ -202,6 +202,15 @@ impl Drop for EtcdLock {
 
 #[async_trait]
 impl DistributedLock for EtcdLock {
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: std::time::Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
     }

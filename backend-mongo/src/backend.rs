@@ -211,6 +211,23 @@ impl std::fmt::Debug for MongoLock {
 
 #[async_trait]
 impl DistributedLock for MongoLock {
+    async fn force_release(
+        &self,
+        name: &distlock_api::LockName,
+        token: distlock_api::FencingToken,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::force_release_by_releases(self, name, token).await
+    }
+
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: std::time::Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
+
     /// [`CAPABILITIES`], with polling only where change streams are turned off.
     fn capabilities(&self) -> Capabilities {
         match self.streams {

@@ -114,6 +114,23 @@ struct Counted {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Counted {
+    async fn force_release(
+        &self,
+        name: &distlock_api::LockName,
+        token: distlock_api::FencingToken,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::force_release_by_releases(self, name, token).await
+    }
+
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: std::time::Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

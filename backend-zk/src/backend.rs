@@ -119,6 +119,15 @@ impl ZkLock {
 
 #[async_trait]
 impl DistributedLock for ZkLock {
+    async fn give_back(
+        &self,
+        name: &distlock_api::LockName,
+        owner: &distlock_api::OwnerId,
+        ttl: std::time::Duration,
+    ) -> distlock_api::Result<bool> {
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    }
+
     /// [`CAPABILITIES`], with `ttl.min` the session timeout this client was granted: every
     /// lock's lease, whatever TTL is asked for.
     fn capabilities(&self) -> Capabilities {
