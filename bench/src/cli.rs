@@ -1,10 +1,10 @@
-//! Command-line options, parsed by hand: four flags do not justify an argument-parser crate in
+//! Command-line options, parsed by hand: a handful of flags do not justify an argument-parser crate in
 //! the build of every test run.
 
 use std::path::PathBuf;
 
-use crate::libraries::Library;
-use crate::targets::Kind;
+use crate::model::Kind;
+use crate::run::libraries::Library;
 
 pub(crate) const USAGE: &str = "\
 usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
@@ -12,6 +12,8 @@ usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
   --quick        a few seconds per backend (what scripts/test runs); the full run takes
                  at most ten minutes for every backend together
   --out DIR      where report.md, report.html and results.json go (default bench/report)
+  --render-from FILE
+                 write the report of a results.json into --out instead of running anything
   --only NAMES   only these, comma-separated: memory, redis, redlock, mysql, mongo, zk, etcd,
                  and the peer libraries rslock, redis-py, python-redis-lock (Redis), curator
                  (ZooKeeper), etcd-go (etcd); a peer runs with its server's backend unless
@@ -36,6 +38,8 @@ pub(crate) struct Cli {
     pub(crate) libraries: Vec<Library>,
     /// The arguments as given, for the report's header.
     pub(crate) args: Vec<String>,
+    /// A results.json to render instead of running the scenarios.
+    pub(crate) render_from: Option<PathBuf>,
 }
 
 impl Cli {
@@ -49,6 +53,7 @@ impl Cli {
             peer: true,
             libraries: Library::ALL.to_vec(),
             args: args.clone(),
+            render_from: None,
         };
         let mut it = args.into_iter();
         while let Some(arg) = it.next() {
@@ -66,6 +71,7 @@ impl Cli {
                 "-h" | "--help" => return Ok(None),
                 "--quick" => cli.quick = true,
                 "--out" => cli.out = PathBuf::from(value("--out")?),
+                "--render-from" => cli.render_from = Some(PathBuf::from(value("--render-from")?)),
                 "--only" => {
                     let list = value("--only")?;
                     cli.kinds.clear();
@@ -167,5 +173,6 @@ mod tests {
         assert!(parse(&["--out"]).is_err());
         assert!(parse(&["--fast"]).is_err());
         assert!(parse(&["--help"]).unwrap().is_none());
+        assert!(parse(&["--render-from"]).is_err());
     }
 }

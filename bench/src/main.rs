@@ -8,45 +8,32 @@
 //!
 //! ```text
 //! distlock-bench [--quick] [--out DIR] [--only memory,redis,...]
+//! distlock-bench --render-from results.json [--out DIR]
 //! ```
 //!
 //! `scripts/bench` starts the servers and runs this in release mode; `scripts/test` runs
 //! `--quick` in debug mode so the report generator cannot rot. A backend whose server does not
 //! answer is reported as unavailable, with how to start it, and the report is written for the
 //! rest.
+//!
+//! The crate is shaped model → run → render: [`model`] holds the results' data types, [`run`]
+//! fills them, [`render`] reads them only (its prose in `render/report.md.tmpl`, its goals in
+//! `render/goals.toml`), and this file ties the two together.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 mod cli;
-mod contention;
-mod counting;
-mod format;
-mod libraries;
-mod machine;
-mod peer;
-mod plan;
-mod progress;
-mod readme;
-mod report;
-mod results;
-mod scenarios;
-mod stats;
-mod svg;
-mod targets;
+mod error;
+mod model;
+mod render;
+mod run;
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::cli::Cli;
-use crate::plan::Plan;
-use crate::progress::Progress;
-use crate::results::{BackendResult, Meta, Results, Status};
-use crate::targets::Kind;
-
-/// Errors of the benchmark itself: a driver's, a backend's, or a message.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// A result with [`BoxError`].
-pub(crate) type Res<T> = Result<T, BoxError>;
+use crate::error::Res;
+use crate::model::Results;
 
 fn main() -> ExitCode {
     let cli = match Cli::parse(std::env::args().skip(1)) {
@@ -87,43 +74,32 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Res<()> {
+    if let Some(file) = &cli.render_from {
+        let json = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let results: Results = serde_json::from_str(&json)?;
+        return render::write(&cli.out, &results);
+    }
     let started = Instant::now();
-    let plan = if cli.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
+    let selection = run::Selection {
+        quick: cli.quick,
+        kinds: &cli.kinds,
+        peer: cli.peer,
+        libraries: &cli.libraries,
+        args: &cli.args,
     };
-    let meta = Meta::collect(&cli, &plan);
-    let steps: usize = cli.kinds.iter().map(|&k| Plan::steps(k)).sum();
-    let progress =
-        Progress::new(steps + cli.peer as usize + cli.libraries.len() * libraries::STEPS);
-
-    let mut backends = Vec::new();
-    for &kind in &cli.kinds {
-        backends.push(run_backend(kind, &plan, &progress).await);
-    }
-    let mut peers = Vec::new();
-    if cli.peer {
-        progress.stage("rslock", "peer cycle");
-        peers = peer::run(&plan, &progress, cli.kinds.contains(&Kind::Redlock)).await;
-        progress.step();
-    }
-    let libraries = libraries::run(&cli.libraries, &plan, &progress, &backends).await;
-    progress.finish();
-
-    let results = Results {
-        meta: meta.finish(started.elapsed()),
-        backends,
-        peers,
-        libraries,
+    let lines = run::Lines {
+        backend: render::backend_line,
+        library: render::library_line,
     };
-    report::write(&cli.out, &results)?;
+    let results = run::all(&selection, &lines).await;
+    render::write(&cli.out, &results)?;
     eprintln!(
         "distlock-bench: wrote {}/report.md, report.html and results.json in {:.0?}",
         cli.out.display(),
         started.elapsed()
     );
-    for line in report::summary_lines(&results) {
+    for line in render::summary_lines(&results) {
         eprintln!("  {line}");
     }
     // The report is written either way; a scenario that failed on a server that answered is a
@@ -144,38 +120,4 @@ async fn run(cli: Cli) -> Res<()> {
         );
     }
     Ok(())
-}
-
-/// Connects to one backend and runs every scenario on it; a scenario that fails records its
-/// error and the rest still run.
-async fn run_backend(kind: Kind, plan: &Plan, progress: &Progress) -> BackendResult {
-    progress.stage(kind.id(), "connecting");
-    let started = Instant::now();
-    let mut result = BackendResult::new(kind);
-    let target = match targets::open(kind).await {
-        Ok(t) => t,
-        Err(e) => {
-            result.status = Status::Unavailable {
-                error: e.to_string(),
-                how_to_start: kind.how_to_start(),
-            };
-            progress.note(&format!("{}: unavailable ({e})", kind.id()));
-            progress.skip(Plan::steps(kind));
-            return result;
-        }
-    };
-    result.status = Status::Available {
-        server: target
-            .server_version()
-            .await
-            .unwrap_or_else(|e| format!("unknown ({e})")),
-        url: target.url(),
-    };
-    scenarios::run_all(&*target, plan, progress, &mut result).await;
-    if let Err(e) = target.cleanup().await {
-        progress.note(&format!("{}: cleanup failed: {e}", kind.id()));
-    }
-    result.took_s = started.elapsed().as_secs_f64();
-    progress.note(&report::backend_line(&result));
-    result
 }

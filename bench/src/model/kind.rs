@@ -1,0 +1,55 @@
+//! The backends under test, by name: what `results.json` calls them and the report prints.
+
+use distlock_api::BackendDescriptor;
+use serde::{Deserialize, Serialize};
+
+/// The backends, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub(crate) enum Kind {
+    Memory,
+    Redis,
+    Redlock,
+    Mysql,
+    Mongo,
+    Zk,
+    Etcd,
+}
+
+impl Kind {
+    pub(crate) const ALL: [Kind; 7] = [
+        Kind::Memory,
+        Kind::Redis,
+        Kind::Redlock,
+        Kind::Mysql,
+        Kind::Mongo,
+        Kind::Zk,
+        Kind::Etcd,
+    ];
+
+    /// How the backend describes itself: id, label, test URL.
+    pub(crate) fn descriptor(self) -> &'static BackendDescriptor {
+        match self {
+            Kind::Memory => &distlock_api::MEMORY,
+            Kind::Redis => &distlock_redis::DESCRIPTOR,
+            Kind::Redlock => &distlock_redis::REDLOCK_DESCRIPTOR,
+            Kind::Mysql => &distlock_mysql::DESCRIPTOR,
+            Kind::Mongo => &distlock_mongo::DESCRIPTOR,
+            Kind::Zk => &distlock_zk::DESCRIPTOR,
+            Kind::Etcd => &distlock_etcd::DESCRIPTOR,
+        }
+    }
+
+    /// The `--only` name, also the JSON id.
+    pub(crate) fn id(self) -> &'static str {
+        self.descriptor().id
+    }
+
+    pub(crate) fn from_id(id: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.id() == id)
+    }
+
+    /// The name the report prints.
+    pub(crate) fn label(self) -> &'static str {
+        self.descriptor().label
+    }
+}
