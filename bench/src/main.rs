@@ -16,9 +16,10 @@
 //! answer is reported as unavailable, with how to start it, and the report is written for the
 //! rest.
 //!
-//! The crate is shaped model → run → render: [`model`] holds the results' data types, [`run`]
-//! fills them, [`render`] reads them only (its prose in `render/report.md.tmpl`, its goals in
-//! `render/goals.toml`), and this file ties the two together.
+//! The crate is shaped model → run → render: [`model`] holds the results' data types,
+//! [`run`](mod@run) fills them, [`render`] reads them only (its prose in
+//! `render/report.md.tmpl`, its goals in `render/goals.toml`), and this file ties the two
+//! together.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
