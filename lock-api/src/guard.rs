@@ -2,24 +2,21 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::future::Either;
 use tracing::Instrument;
 
 use crate::error::LostReason;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant};
-use crate::keeper::{Flag, Hold};
+use crate::keeper::Hold;
 use crate::lock::{DistributedLock, LeaseKeeper};
 use crate::name::{LockName, OwnerId};
 
-/// A held lock. Dropping it releases the lock: at once on an in-process backend, in the
-/// background when a Tokio runtime is present, and otherwise it leaves the lease to expire; it
-/// never blocks and never panics.
+/// A held lock. Dropping it releases the lock in the background, on the caller's Tokio runtime
+/// or, on a thread without one, on the runtime the guard was made on (if none runs, the lease
+/// ends the hold); it never blocks and never panics.
 ///
 /// Check [`is_lost`](LockGuard::is_lost) (or race your work against
 /// [`lost`](LockGuard::lost)) before acting on the protected resource, and pass
@@ -29,7 +26,7 @@ pub struct LockGuard {
     pub(crate) backend: Arc<dyn DistributedLock>,
     hold: Hold,
     /// Released: nothing left for `drop` to do.
-    done: Flag,
+    done: bool,
 }
 
 impl LockGuard {
@@ -51,7 +48,7 @@ impl LockGuard {
         Self {
             backend,
             hold,
-            done: Flag::NO,
+            done: false,
         }
     }
 
@@ -139,53 +136,27 @@ impl LockGuard {
     /// lease by a guard that is gone; session-bound backends do the same until their session
     /// ends.
     ///
-    /// An in-memory guard is released when this is called; otherwise when the future is first
-    /// polled (dropped unpolled, the guard is dropped, and releases as a dropped guard does).
-    pub fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
-        if let Some(released) = self.keeper().release_now(&self.hold, false) {
-            self.done = Flag::YES;
-            return Either::Left(Released(Flag::of(released)));
-        }
-        Either::Right(Box::pin(async move {
-            self.done = Flag::YES;
-            self.keeper().let_go(&self.hold);
-            let grant = self.grant();
-            let backend = self.backend.core().backend();
-            let span = crate::observe::release_span(backend, grant.name.as_str(), grant.token.0);
-            let released = crate::release::release(&self.backend, grant)
-                .instrument(span.clone())
-                .await;
-            span.in_scope(|| {
-                crate::observe::released(
-                    backend,
-                    grant.name.as_str(),
-                    grant.token.0,
-                    Some(&released),
-                )
-            });
-            released.map_err(|e| context(e, &*self.backend, &grant.name))
-        }))
-    }
-}
-
-/// The future of an in-process release, which is done when the future is made: whether the
-/// lock was still held. (A `Ready<Result<bool>>` here was copied byte-wise, as [`Flag`] says.)
-struct Released(Flag);
-
-impl Future for Released {
-    type Output = Result<bool>;
-
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<bool>> {
-        Poll::Ready(Ok(self.0.get()))
+    /// The release starts when the future is first polled (dropped unpolled, the guard is
+    /// dropped, and releases as a dropped guard does).
+    pub async fn release(mut self) -> Result<bool> {
+        self.done = true;
+        self.keeper().let_go(&self.hold);
+        let grant = self.grant();
+        let backend = self.backend.core().backend();
+        let span = crate::observe::release_span(backend, grant.name.as_str(), grant.token.0);
+        let released = crate::release::release(&self.backend, grant)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| {
+            crate::observe::released(backend, grant.name.as_str(), grant.token.0, Some(&released))
+        });
+        released.map_err(|e| context(e, &*self.backend, &grant.name))
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.done.get() {
-            return;
-        }
-        if self.keeper().release_now(&self.hold, true).is_some() {
+        if self.done {
             return;
         }
         self.keeper().let_go(&self.hold);

@@ -5,8 +5,8 @@
 //! its keeper needs to find it again. The keeper keeps the lease (renewing a watchdog-managed
 //! one), knows until when the guard may trust it, tells the guard's `lost()` futures when it
 //! goes, and lets go of it when the guard is released. A networked backend's keeper is its
-//! client's watchdog; the in-memory backend's is its store, which is the lock's server too, so
-//! it also grants and releases on the spot. The guard asks its backend for the keeper
+//! client's watchdog; the in-memory backend's is its store, which is the lock's server too and
+//! keeps a watchdog-managed lease without renewals. The guard asks its backend for the keeper
 //! ([`DistributedLock::keeper`](crate::DistributedLock::keeper)) and never needs to know
 //! which one it has. `Holds` counts, per client handle, the holds its guards and acquires in
 //! flight account for.
@@ -30,7 +30,7 @@ pub struct Hold {
     /// up).
     pub(crate) ticket: u64,
     /// The keeper keeps the lease while the guard lives (watchdog-managed).
-    pub(crate) kept: Flag,
+    pub(crate) kept: bool,
     /// HoldState with the keeper and the `lost()` futures: the watchdog's from the start, the
     /// store's made by the first `lost()`.
     pub(crate) shared: OnceLock<Arc<HoldState>>,
@@ -42,7 +42,7 @@ impl Hold {
         Self {
             grant,
             ticket,
-            kept: Flag::of(kept),
+            kept,
             shared: OnceLock::new(),
         }
     }
@@ -57,7 +57,7 @@ impl Hold {
         Self {
             grant,
             ticket,
-            kept: Flag::of(kept),
+            kept,
             shared: OnceLock::from(state),
         }
     }
@@ -71,26 +71,6 @@ impl Hold {
     pub(crate) fn shared(&self, backend: &'static str) -> &Arc<HoldState> {
         self.shared
             .get_or_init(|| Arc::new(HoldState::new(backend, None)))
-    }
-}
-
-/// A `bool` one word wide, for the guard's flags. A guard moves through a few futures on every
-/// lock cycle; behind a `bool` field the compiler copied the seven bytes of padding in
-/// overlapping pieces, which defeats the CPU's store-to-load forwarding. That cost about 10 ns
-/// of a 150 ns in-memory lock cycle.
-#[derive(Clone, Copy)]
-pub(crate) struct Flag(usize);
-
-impl Flag {
-    pub(crate) const NO: Flag = Flag(0);
-    pub(crate) const YES: Flag = Flag(1);
-
-    pub(crate) fn of(value: bool) -> Self {
-        Flag(usize::from(value))
-    }
-
-    pub(crate) fn get(self) -> bool {
-        self.0 != 0
     }
 }
 

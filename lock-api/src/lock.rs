@@ -384,27 +384,6 @@ pub trait LeaseKeeper: Send + Sync + sealed::Sealed {
         leased: bool,
     ) -> Hold;
 
-    /// Grants `name` to `owner` on the spot, if this keeper is the lock's server: `kept` as
-    /// [`keep`](Self::keep)'s `renew.is_some()`. A keeper whose server is elsewhere hands the
-    /// owner back ([`OnTheSpot::NotHere`]), and the acquire goes to the backend.
-    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
-        let _ = (name, ttl, kept);
-        OnTheSpot::NotHere(owner)
-    }
-
-    /// Waits up to `wait` for `req`'s lock in the server's own queue, if this keeper is the
-    /// lock's server (`kept` as for [`grant_now`](Self::grant_now)); `None` from keepers whose
-    /// server is elsewhere, whose acquires wait the way the backend says.
-    fn queue_now<'a>(
-        &'a self,
-        req: AcquireRequest,
-        wait: Duration,
-        kept: bool,
-    ) -> Option<BoxFuture<'a, Result<Hold>>> {
-        let _ = (req, wait, kept);
-        None
-    }
-
     /// Until when the guard may claim the lock; `None` if it never expires.
     fn safe_until(&self, hold: &Hold) -> Option<Instant>;
 
@@ -419,27 +398,9 @@ pub trait LeaseKeeper: Send + Sync + sealed::Sealed {
     /// Takes in the outcome of the guard's own renew request, sent at `sent`.
     fn extended(&self, hold: &Hold, sent: Instant, outcome: &Result<Duration>);
 
-    /// Releases one hold on the spot, if this keeper is the lock's server: `Some(still held)`,
-    /// with the guard let go of. `None` from keepers whose server is elsewhere. `dropped`: the
-    /// guard was dropped rather than released.
-    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
-        let _ = (hold, dropped);
-        None
-    }
-
     /// Stops looking after the guard, whose release goes to the server now, and tells its
     /// `lost()` futures that it was given up.
     fn let_go(&self, hold: &Hold);
-}
-
-/// What [`LeaseKeeper::grant_now`] did.
-pub enum OnTheSpot {
-    /// Granted: the guard's hold.
-    Granted(Hold),
-    /// Someone else holds it: the owner, back.
-    Held(OwnerId),
-    /// This keeper is not the lock's server: the owner, back.
-    NotHere(OwnerId),
 }
 
 pub(crate) mod sealed {

@@ -116,7 +116,7 @@ pub(crate) fn acquired(
     acquire_metrics(backend, waits, outcome_label, started);
 }
 
-/// The metrics of one acquire call, for paths that make no span (the in-memory fast path).
+/// The metrics of one acquire call.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
 pub(crate) fn acquire_metrics(
@@ -165,20 +165,7 @@ pub(crate) fn released(
     released_metrics(backend, outcome);
 }
 
-/// [`acquire_metrics`] with the backend's name asked of `lock` only when metrics are on.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[inline]
-pub(crate) fn acquire_metrics_of(
-    lock: &dyn crate::DistributedLock,
-    waits: bool,
-    outcome: &'static str,
-    started: Stamp,
-) {
-    #[cfg(feature = "metrics")]
-    acquire_metrics(lock.core().backend(), waits, outcome, started);
-}
-
-/// The metrics of one release, for the in-memory fast path.
+/// The metrics of one release.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
 pub(crate) fn released_metrics(backend: &'static str, outcome: &'static str) {

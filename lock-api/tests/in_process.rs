@@ -1,6 +1,6 @@
 //! The in-memory backend's guards, which its store looks after instead of the watchdog: kept
 //! leases, the lost signal straight from the store, reentrant holds mixing kept and fixed
-//! leases, and release when it is called.
+//! leases, and a release future dropped unpolled.
 
 use std::time::{Duration, Instant};
 
@@ -169,13 +169,19 @@ fn a_waiter_granted_from_the_queue_gets_a_kept_lease() {
 }
 
 #[test]
-fn release_lets_go_when_called_not_when_awaited() {
+fn a_release_dropped_unpolled_releases_as_a_dropped_guard() {
     runtime().block_on(async {
         let (_store, a, b) = two_clients();
-        let g = a.try_lock("eager").await.unwrap().expect("free");
-        let released = g.release();
-        assert_eq!(b.holder("eager").await.unwrap(), None);
-        assert!(released.await.unwrap());
+        let g = a.try_lock("unpolled").await.unwrap().expect("free");
+        drop(g.release());
+        let freed = async {
+            while b.holder("unpolled").await.unwrap().is_some() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), freed)
+            .await
+            .expect("the dropped release future's guard released the lock");
     });
 }
 

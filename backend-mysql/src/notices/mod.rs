@@ -30,7 +30,7 @@ mod holder;
 mod waiter;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -161,7 +161,7 @@ impl Signals {
     /// How many wait sessions this client has opened so far (test-only).
     #[cfg(feature = "testing")]
     pub(crate) fn wait_sessions(&self) -> usize {
-        self.waits.opened.load(Ordering::SeqCst)
+        self.waits.opened.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

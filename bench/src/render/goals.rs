@@ -13,6 +13,7 @@ use super::{template, Block};
 struct Goals {
     ratio: f64,
     ratio_backends: Vec<String>,
+    in_process_cycle_us: f64,
     wake_round_trips: f64,
     wake_in_process_us: f64,
     poll_wake_us: f64,
@@ -40,6 +41,7 @@ fn thresholds() -> &'static Goals {
         };
         Goals {
             ratio: num("uncontended.ratio"),
+            in_process_cycle_us: num("uncontended.in_process_us"),
             wake_round_trips: num("wake.round_trips"),
             wake_in_process_us: num("wake.in_process_us"),
             poll_wake_us: num("wake.poll_us"),
@@ -120,6 +122,19 @@ pub(super) fn section(r: &Results, doc: &mut Vec<Block>) {
             }
             _ => format!("**not measured**: **{}** is unavailable.", b.label),
         });
+    }
+    if let Some((b, u)) = r
+        .available()
+        .find(|b| b.id == "memory")
+        .and_then(|b| Some((b, b.uncontended.as_ref()?)))
+    {
+        items.push(format!(
+            "{} **{}** uncontended cycle under {}: {}.",
+            mark(u.cycle.p50_us <= g.in_process_cycle_us),
+            b.label,
+            us(g.in_process_cycle_us),
+            us(u.cycle.p50_us)
+        ));
     }
     for b in r
         .available()

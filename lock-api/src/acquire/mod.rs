@@ -1,6 +1,5 @@
-//! What `lock()` does, read top to bottom: validate the options into a [`Plan`], take the lock
-//! on the spot where the keeper is the lock's server, else attempt at the server once
-//! (`try_lock`) or wait the backend's one way ([`Waiting`]): polling with backoff
+//! What `lock()` does, read top to bottom, the same for every backend: validate the options
+//! into a [`Plan`], then attempt at the server once (`try_lock`) or wait the backend's one way ([`Waiting`]): polling with backoff
 //! ([`poll`]), woken by the server's notices ([`notify`]), or in the server's own queue
 //! ([`DistributedLock::acquire`]); then wrap the grant in a [`LockGuard`]. Every acquire counts
 //! as in flight until it becomes a guard, and one whose answer was lost is given back
@@ -16,18 +15,16 @@ mod reenter;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::{BoxFuture, Either};
 use futures::TryFutureExt;
 use tracing::Instrument;
 
 use crate::backend::wait::{Attempt, Waiting};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::grant::{AcquireRequest, Grant};
 use crate::guard::{context, LockGuard};
-use crate::keeper::Hold;
-use crate::lock::{DistributedLock, OnTheSpot};
+use crate::lock::DistributedLock;
 use crate::lost_reply::{self, InFlight};
-use crate::name::{LockName, OwnerId};
+use crate::name::OwnerId;
 use crate::observe::{self, Acquired};
 use crate::options::{Lease, LockOptions};
 
@@ -41,10 +38,8 @@ static DEFAULT_OPTIONS: LockOptions = LockOptions {
     owner: None,
 };
 
-// On the in-memory backend a whole cycle takes a few hundred nanoseconds, so the futures below
-// stay small: what may wait (a networked backend's call, a queue for a held in-memory lock) is
-// boxed, and only a state of a few words is moved around on the uncontended path.
-
+/// `try_lock`: one attempt at the server, cancellation-safe; `None` if the lock is held.
+/// `reenter`: the owner of a held guard, for [`LockGuard::reenter`].
 pub(crate) async fn try_lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
@@ -52,73 +47,30 @@ pub(crate) async fn try_lock_with(
     reenter: Option<&OwnerId>,
 ) -> Result<Option<LockGuard>> {
     spend_budget().await;
-    // The plan is made after the await above and lives in this block only, so this future's
-    // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
-    let acquire = {
-        let plan = Plan::new(
-            &**this,
-            name,
-            options.unwrap_or(&DEFAULT_OPTIONS),
-            None,
-            reenter,
-        )?;
-        let started = observe::stamp();
-        let Plan {
-            keeper,
-            owner,
-            ttl,
-            renew,
-            leased,
-        } = plan;
-        let owner = match keeper.grant_now(name, owner, ttl, renew.is_some()) {
-            OnTheSpot::Granted(hold) => {
-                observe::acquire_metrics_of(&**this, false, "granted", started);
-                return Ok(Some(LockGuard::kept(this.clone(), hold)));
-            }
-            OnTheSpot::Held(_) => {
-                observe::acquire_metrics_of(&**this, false, "held", started);
-                return Ok(None);
-            }
-            OnTheSpot::NotHere(owner) => owner,
-        };
-        let plan = Plan {
-            keeper,
-            owner,
-            ttl,
-            renew,
-            leased,
-        };
-        Box::pin(async move {
-            let (req, plan) = plan.request(name);
-            let backend = this.core().backend();
-            let span = observe::acquire_span(backend, name, false);
-            let started = observe::stamp();
-            let in_flight = InFlight::new(&**this, &req);
-            let attempt = attempt_once(this, &req).map_ok(Attempt::into_grant);
-            let result = match attempt.instrument(span.clone()).await {
-                Ok(Some(g)) => {
-                    in_flight.landed();
-                    Ok(Some(LockGuard::new(
-                        this.clone(),
-                        g,
-                        plan.renew,
-                        plan.leased,
-                    )))
-                }
-                Ok(None) => Ok(None),
-                Err(e) => {
-                    in_flight.failed();
-                    Err(acquire_failed(this, &req, e))
-                }
-            };
-            let outcome = Acquired::of(&result, |g| g.as_ref().map(|g| g.token().0));
-            observe::acquired(&span, backend, false, outcome, started);
-            result
-        })
+    let options = options.unwrap_or(&DEFAULT_OPTIONS);
+    let (req, keeping) = Plan::new(&**this, name, options, None, reenter)?.request(name);
+    let backend = this.core().backend();
+    let span = observe::acquire_span(backend, name, false);
+    let started = observe::stamp();
+    let in_flight = InFlight::new(&**this, &req);
+    let attempt = attempt_once(this, &req).map_ok(Attempt::into_grant);
+    let result = match attempt.instrument(span.clone()).await {
+        Ok(Some(g)) => {
+            in_flight.landed();
+            Ok(Some(keeping.guard(this, g)))
+        }
+        Ok(None) => Ok(None),
+        Err(e) => {
+            in_flight.failed();
+            Err(acquire_failed(this, &req, e))
+        }
     };
-    acquire.await
+    let outcome = Acquired::of(&result, |g| g.as_ref().map(|g| g.token().0));
+    observe::acquired(&span, backend, false, outcome, started);
+    result
 }
 
+/// `lock`: waits up to `wait` (none: one attempt) the backend's way.
 pub(crate) async fn lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
@@ -126,99 +78,26 @@ pub(crate) async fn lock_with(
     wait: Option<Duration>,
 ) -> Result<LockGuard> {
     spend_budget().await;
-    // The plan is made after the await above and lives in this block only, so this future's
-    // state never holds it: on the in-memory backend's fast path nothing is saved and restored.
-    let acquire = 'acquire: {
-        let plan = Plan::new(
-            &**this,
-            name,
-            options.unwrap_or(&DEFAULT_OPTIONS),
-            wait,
-            None,
-        )?;
-        let wait = wait.unwrap_or(Duration::ZERO);
-        let started = observe::stamp();
-        let Plan {
-            keeper,
-            owner,
-            ttl,
-            renew,
-            leased,
-        } = plan;
-        let owner = match keeper.grant_now(name, owner, ttl, renew.is_some()) {
-            OnTheSpot::Granted(hold) => {
-                observe::acquire_metrics_of(&**this, true, "granted", started);
-                return Ok(LockGuard::kept(this.clone(), hold));
-            }
-            OnTheSpot::Held(owner) => {
-                // The keeper is the lock's server, and queues for it.
-                let req = AcquireRequest {
-                    name: LockName::checked(name),
-                    owner,
-                    ttl,
-                };
-                let queued = keeper
-                    .queue_now(req, wait, renew.is_some())
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Backend,
-                            "a keeper that grants on the spot must queue on the spot",
-                        )
-                    })?;
-                break 'acquire Either::Left(waited_on_the_spot(this, name, queued, started));
-            }
-            OnTheSpot::NotHere(owner) => owner,
-        };
-        let plan = Plan {
-            keeper,
-            owner,
-            ttl,
-            renew,
-            leased,
-        };
-        Either::Right(Box::pin(async move {
-            let (req, plan) = plan.request(name);
-            let backend = this.core().backend();
-            let span = observe::acquire_span(backend, name, true);
-            let in_flight = InFlight::new(&**this, &req);
-            let waited = acquire_waiting(this, &req, wait);
-            let result = match waited.instrument(span.clone()).await {
-                Ok(grant) => {
-                    in_flight.landed();
-                    Ok(LockGuard::new(this.clone(), grant, plan.renew, plan.leased))
-                }
-                Err(e) => {
-                    in_flight.failed();
-                    Err(acquire_failed(this, &req, e))
-                }
-            };
-            let outcome = Acquired::of(&result, |g| Some(g.token().0));
-            observe::acquired(&span, backend, true, outcome, started);
-            result
-        }))
+    let options = options.unwrap_or(&DEFAULT_OPTIONS);
+    let (req, keeping) = Plan::new(&**this, name, options, wait, None)?.request(name);
+    let backend = this.core().backend();
+    let span = observe::acquire_span(backend, name, true);
+    let started = observe::stamp();
+    let in_flight = InFlight::new(&**this, &req);
+    let waited = acquire_waiting(this, &req, wait.unwrap_or(Duration::ZERO));
+    let result = match waited.instrument(span.clone()).await {
+        Ok(grant) => {
+            in_flight.landed();
+            Ok(keeping.guard(this, grant))
+        }
+        Err(e) => {
+            in_flight.failed();
+            Err(acquire_failed(this, &req, e))
+        }
     };
-    acquire.await
-}
-
-/// The wait of a keeper that is the lock's server, in its own queue.
-fn waited_on_the_spot<'a>(
-    this: &'a Arc<dyn DistributedLock>,
-    name: &'a str,
-    queued: BoxFuture<'a, Result<Hold>>,
-    started: observe::Stamp,
-) -> BoxFuture<'a, Result<LockGuard>> {
-    Box::pin(async move {
-        let backend = this.core().backend();
-        let span = observe::acquire_span(backend, name, true);
-        let result = queued
-            .instrument(span.clone())
-            .await
-            .map_err(|e| context(e, &**this, &LockName::checked(name)))
-            .map(|hold| LockGuard::kept(this.clone(), hold));
-        let outcome = Acquired::of(&result, |g| Some(g.token().0));
-        observe::acquired(&span, backend, true, outcome, started);
-        result
-    })
+    let outcome = Acquired::of(&result, |g| Some(g.token().0));
+    observe::acquired(&span, backend, true, outcome, started);
+    result
 }
 
 /// Waits up to `wait` for `req`'s lock the way the backend says

@@ -1,35 +1,30 @@
 //! An acquire's options, validated and resolved into a request and how its guard keeps it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{check_wait, AcquireRequest};
-use crate::lock::{DistributedLock, LeaseKeeper};
+use crate::grant::{check_wait, AcquireRequest, Grant};
+use crate::guard::LockGuard;
+use crate::lock::DistributedLock;
 use crate::name::{check_name, LockName, OwnerId};
 use crate::options::{Lease, LockOptions};
 
-/// A validated acquire: the lease, the owner, and how the guard keeps its lease. The name is
-/// checked, not yet copied: the in-memory backend finds a name it has seen by `&str`.
-pub(super) struct Plan<'a> {
-    /// Who keeps the guard: it grants on the spot if it is the lock's server too.
-    pub(super) keeper: &'a dyn LeaseKeeper,
+/// A validated acquire: the lease, the owner, and how the guard keeps its lease.
+pub(super) struct Plan {
     /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::backend::ClientCore::owner_for)).
-    pub(super) owner: OwnerId,
-    pub(super) ttl: Duration,
-    pub(super) renew: Option<Duration>,
-    pub(super) leased: bool,
+    owner: OwnerId,
+    ttl: Duration,
+    renew: Option<Duration>,
+    leased: bool,
 }
 
-impl<'a> Plan<'a> {
-    // Always inlined: returned from a call, the `Result<Plan>` went through memory and was read
-    // back in pieces that straddled the callee's stores, stalling store-to-load forwarding
-    // (about 5 ns of an in-memory lock cycle). The error paths stay out of line.
-    #[inline(always)]
+impl Plan {
     pub(super) fn new(
-        backend: &'a dyn DistributedLock,
+        backend: &dyn DistributedLock,
         name: &str,
-        options: &'a LockOptions,
+        options: &LockOptions,
         wait: Option<Duration>,
         reenter: Option<&OwnerId>,
     ) -> Result<Self> {
@@ -64,7 +59,6 @@ impl<'a> Plan<'a> {
             None => core.owner_for(options.owner.as_ref()).map_err(with_ctx)?,
         };
         Ok(Self {
-            keeper: backend.keeper(),
             owner,
             ttl,
             renew,
@@ -89,8 +83,15 @@ impl<'a> Plan<'a> {
     }
 }
 
-/// How a networked guard keeps its lease: what [`LockGuard::new`](crate::guard::LockGuard::new) takes besides the grant.
+/// How the guard keeps its lease: what [`LockGuard::new`] takes besides the grant.
 pub(super) struct Keeping {
     pub(super) renew: Option<Duration>,
     pub(super) leased: bool,
+}
+
+impl Keeping {
+    /// The guard of `grant`, handed to the backend's keeper.
+    pub(super) fn guard(self, backend: &Arc<dyn DistributedLock>, grant: Grant) -> LockGuard {
+        LockGuard::new(backend.clone(), grant, self.renew, self.leased)
+    }
 }

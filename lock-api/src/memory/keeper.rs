@@ -3,21 +3,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-
 use crate::error::LostReason;
 use crate::error::Result;
-use crate::grant::{safe_until, AcquireRequest, Grant};
+use crate::grant::{safe_until, Grant};
 use crate::keeper::Hold;
-use crate::lock::{sealed::Sealed, DistributedLock, LeaseKeeper, OnTheSpot};
-use crate::name::OwnerId;
+use crate::lock::{sealed::Sealed, DistributedLock, LeaseKeeper};
 
-use super::store::{LocalStatus, MemoryStore, BACKEND};
+use super::store::{LocalStatus, MemoryStore};
 
 /// The store keeps the leases of its own guards: a watchdog-managed lease stays alive while its
 /// guard lives (the renewals could not fail: client and "server" share one process), `lost()`
-/// hears from the store the moment the holder goes, and grants and releases happen on the
-/// spot, with or without a runtime.
+/// hears from the store the moment the holder goes.
 impl Sealed for MemoryStore {}
 
 impl LeaseKeeper for MemoryStore {
@@ -29,7 +25,9 @@ impl LeaseKeeper for MemoryStore {
         _leased: bool,
     ) -> Hold {
         // The store's guards need no count of holds: their releases cannot go unanswered.
-        backend.core().holds().remove(&grant.name, &grant.owner);
+        let core = backend.core();
+        core.holds().remove(&grant.name, &grant.owner);
+        core.note_runtime();
         if let Some(ttl) = renew {
             let mut s = self.lock();
             let holder = s
@@ -41,25 +39,6 @@ impl LeaseKeeper for MemoryStore {
             }
         }
         Hold::new(grant, u64::MAX, renew.is_some())
-    }
-
-    fn grant_now(&self, name: &str, owner: OwnerId, ttl: Duration, kept: bool) -> OnTheSpot {
-        match self.grant(name, owner, ttl, kept) {
-            Ok((grant, at)) => OnTheSpot::Granted(Hold::new(grant, at as u64, kept)),
-            Err(owner) => OnTheSpot::Held(owner),
-        }
-    }
-
-    fn queue_now<'a>(
-        &'a self,
-        req: AcquireRequest,
-        wait: Duration,
-        kept: bool,
-    ) -> Option<BoxFuture<'a, Result<Hold>>> {
-        Some(Box::pin(async move {
-            let grant = self.queue(&req, wait, kept).await?;
-            Ok(Hold::new(grant, u64::MAX, kept))
-        }))
     }
 
     fn safe_until(&self, hold: &Hold) -> Option<Instant> {
@@ -90,30 +69,15 @@ impl LeaseKeeper for MemoryStore {
         // The store has the lease, and tells the guard.
     }
 
-    fn release_now(&self, hold: &Hold, dropped: bool) -> Option<bool> {
+    fn let_go(&self, hold: &Hold) {
         // Marked before the store lets go, so a `lost()` future the store wakes sees a
         // release, not a loss.
         let shared = hold.shared.get();
         if let Some(w) = shared {
             w.mark_released();
         }
-        let at = usize::try_from(hold.ticket).unwrap_or(usize::MAX);
-        let released = self.release_at(&hold.grant, hold.kept.get(), at);
+        self.unkeep(hold);
         if let Some(w) = shared {
-            w.changed.notify_waiters();
-        }
-        let outcome = match (dropped, released) {
-            (true, _) => "dropped",
-            (false, true) => "released",
-            (false, false) => "not_held",
-        };
-        crate::observe::released_metrics(BACKEND, outcome);
-        Some(released)
-    }
-
-    fn let_go(&self, hold: &Hold) {
-        if let Some(w) = hold.shared.get() {
-            w.mark_released();
             w.changed.notify_waiters();
         }
     }

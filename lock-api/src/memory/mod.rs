@@ -6,8 +6,9 @@
 //!
 //! The store also plays the watchdog for the guards the conveniences hand out: it keeps a
 //! watchdog-managed lease alive while its guard lives (the renewals could not fail: client and
-//! "server" share one process), and it tells a guard's `lost()` the moment its holder goes. So
-//! a lock cycle costs a few hundred nanoseconds and holding many locks costs no renewal work.
+//! "server" share one process), and it tells a guard's `lost()` the moment its holder goes, so
+//! holding many locks costs no renewal work. Otherwise it takes the path every backend takes:
+//! attempts, its own queue ([`Waiting::Queue`]), and releases sent when the guard lets go.
 
 mod keeper;
 mod store;
@@ -45,9 +46,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
 /// [`MemoryStore::client`] for several clients of one store.
 ///
 /// Its guards are the store's own business: the store keeps a watchdog-managed lease alive for
-/// as long as its guard lives (so the client's watchdog has nothing to renew), a dropped guard
-/// releases at once, with or without a runtime, and `lost()` hears from the store the moment
-/// the lock is removed. A wrapper around it that does not forward
+/// as long as its guard lives (so the client's watchdog has nothing to renew), and `lost()` hears
+/// from the store the moment the lock is removed. A wrapper around it that does not forward
 /// [`DistributedLock::keeper`] gets the guards every networked backend gets instead.
 pub struct MemoryLock {
     store: MemoryStore,
@@ -130,7 +130,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        Ok(self.store.release_at(grant, false, usize::MAX))
+        Ok(self.store.release(grant))
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {

@@ -268,9 +268,19 @@ impl Slot {
         self.holder.as_mut().filter(|h| h.is(grant))
     }
 
-    /// Gives up one hold of `grant`; false if it no longer held the lock. `kept`: the hold is
-    /// an in-process guard's whose lease the store keeps.
-    pub(super) fn release(&mut self, grant: &Grant, kept: bool) -> bool {
+    /// The store stops keeping `grant`'s lease for one of its guards (let go of, its release
+    /// on the way). The last such guard leaves the lease as if renewed just now.
+    pub(super) fn unkeep(&mut self, grant: &Grant) {
+        if let Some(h) = self.holder_of(grant).filter(|h| h.kept > 0) {
+            h.kept -= 1;
+            if h.kept == 0 {
+                h.expires_at = h.expires_at.max(Instant::now() + h.kept_ttl);
+            }
+        }
+    }
+
+    /// Gives up one hold of `grant`; false if it no longer held the lock.
+    pub(super) fn release(&mut self, grant: &Grant) -> bool {
         let Some(h) = self.holder_of(grant) else {
             return false;
         };
@@ -279,13 +289,6 @@ impl Slot {
             return false;
         }
         h.count -= 1;
-        if kept && h.kept > 0 {
-            h.kept -= 1;
-            if h.kept == 0 && h.count > 0 {
-                // The holds left are fixed leases: the kept lease was renewed just now.
-                h.expires_at = h.expires_at.max(Instant::now() + h.kept_ttl);
-            }
-        }
         if h.count == 0 {
             self.end_holder(None);
             if !self.waiters.is_empty() {
@@ -396,18 +399,26 @@ impl MemoryStore {
         slot.try_grant(owner, ttl, kept, now).map(|g| (g, at))
     }
 
-    /// Gives up one hold of `grant`; false if it no longer held the lock. `at`: the index of
-    /// its slot, if known (else anything out of range, such as `usize::MAX`).
-    pub(super) fn release_at(&self, grant: &Grant, kept: bool, at: usize) -> bool {
+    /// Gives up one hold of `grant`; false if it no longer held the lock.
+    pub(super) fn release(&self, grant: &Grant) -> bool {
         self.lock()
-            .find(&grant.name, Some(at))
-            .is_some_and(|slot| slot.release(grant, kept))
+            .find(&grant.name, None)
+            .is_some_and(|slot| slot.release(grant))
+    }
+
+    /// The store stops keeping `hold`'s lease, if it kept it.
+    pub(super) fn unkeep(&self, hold: &Hold) {
+        if hold.kept {
+            if let Some(slot) = self.lock().find(&hold.grant.name, None) {
+                slot.unkeep(&hold.grant);
+            }
+        }
     }
 
     /// Whether `hold` (of an in-process guard) still holds its lock. With `watch`, the store
     /// also tells it when the holder goes.
     pub(super) fn status(&self, hold: &Hold, watch: Option<&Arc<HoldState>>) -> LocalStatus {
-        let (grant, kept) = (&hold.grant, hold.kept.get());
+        let (grant, kept) = (&hold.grant, hold.kept);
         let mut s = self.lock();
         let now = Instant::now();
         let Some(slot) = s.find(&grant.name, usize::try_from(hold.ticket).ok()) else {
