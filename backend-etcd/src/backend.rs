@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_api::backend::wait::{self, Attempt, Waiting};
 use distlock_api::backend::{AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, Fencing, FencingToken, Grant, LeaseKind,
     LockInfo, LockName, LostReason, Result, TtlSupport,
@@ -202,6 +203,13 @@ impl Drop for EtcdLock {
 
 #[async_trait]
 impl DistributedLock for EtcdLock {
+    fn profile(&self) -> Profile {
+        Profile::new(CAPABILITIES)
+            // Waiters queue by creation revision, each watching its predecessor's key.
+            .waiting(Waiting::Queue)
+            .renew_batch(RENEW_BATCH)
+    }
+
     async fn give_back(
         &self,
         name: &distlock_api::LockName,
@@ -209,10 +217,6 @@ impl DistributedLock for EtcdLock {
         ttl: std::time::Duration,
     ) -> distlock_api::Result<bool> {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
     }
 
     fn core(&self) -> &ClientCore {
@@ -226,11 +230,6 @@ impl DistributedLock for EtcdLock {
             Ok(None) => Ok(Attempt::Held { expires_in: None }),
             Err(e) => Err(context(e, &req.name)),
         }
-    }
-
-    /// Waiters queue by creation revision, each watching its predecessor's key.
-    fn waiting(&self) -> Waiting {
-        Waiting::Queue
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
@@ -257,10 +256,6 @@ impl DistributedLock for EtcdLock {
             .renew(grant)
             .await
             .map_err(|e| context(e, &grant.name))
-    }
-
-    fn renew_batch(&self) -> usize {
-        RENEW_BATCH
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {

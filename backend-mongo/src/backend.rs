@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, Grant, LeaseKind, LockInfo,
     LockName, Result, TtlSupport,
@@ -211,6 +212,21 @@ impl std::fmt::Debug for MongoLock {
 
 #[async_trait]
 impl DistributedLock for MongoLock {
+    fn profile(&self) -> Profile {
+        let capabilities = match self.streams {
+            Some(_) => CAPABILITIES,
+            None => CAPABILITIES.blocking(Blocking::Poll),
+        };
+        // Polls with the configured backoff; where the server has change streams, a waiter
+        // that found the lock held also subscribes and waits for them instead. A release
+        // through this handle passes the lock straight to a waiting task of the same handle:
+        // one `findAndModify` instead of a release and the waiter's next attempt.
+        Profile::new(capabilities)
+            .waiting(Waiting::Poll(self.backoff.clone()))
+            .hands_over(true)
+            .renew_batch(RENEW_BATCH)
+    }
+
     async fn force_release(
         &self,
         name: &distlock_api::LockName,
@@ -228,26 +244,12 @@ impl DistributedLock for MongoLock {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
 
-    /// [`CAPABILITIES`], with polling only where change streams are turned off.
-    fn capabilities(&self) -> Capabilities {
-        match self.streams {
-            Some(_) => CAPABILITIES,
-            None => CAPABILITIES.blocking(Blocking::Poll),
-        }
-    }
-
     fn core(&self) -> &ClientCore {
         &self.core
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         ops::acquire(&self.locks, self.operation_timeout, req).await
-    }
-
-    /// Polls with the configured backoff; where the server has change streams, a waiter that
-    /// found the lock held also [`subscribe`](Self::subscribe)s and waits for them instead.
-    fn waiting(&self) -> Waiting {
-        Waiting::Poll(self.backoff.clone())
     }
 
     /// Listens on the client's change stream for events that may free `name` (opening the
@@ -272,12 +274,6 @@ impl DistributedLock for MongoLock {
             .map_err(|e| e.with_lock(&grant.name))
     }
 
-    /// A release through this handle passes the lock straight to a waiting task of the same
-    /// handle: one `findAndModify` instead of a release and the waiter's next attempt.
-    fn hands_over(&self) -> bool {
-        true
-    }
-
     /// One `findAndModify` (built by `commands::hand_over_pipeline`) when `from` still holds the lock,
     /// whether its last hold passes on or one of several is given up; a `from` that no longer
     /// holds costs the tidy-up a release would send too. The owner never becomes `null`, so
@@ -290,10 +286,6 @@ impl DistributedLock for MongoLock {
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         ops::renew_grant(&self.locks, self.operation_timeout, grant, ttl).await
-    }
-
-    fn renew_batch(&self) -> usize {
-        RENEW_BATCH
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {

@@ -380,7 +380,7 @@ async fn batch_renewal_confirms_each_grant_by_its_own_token() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     // Longer than the 30 s the locks were taken with, so the kept one's expiry moves later.
     let ttl = Duration::from_secs(60);
-    assert!(a.renew_batch() > 1, "the backend renews in batches");
+    assert!(a.profile().renew_batch > 1, "the backend renews in batches");
     let batch: Vec<_> = guards.iter().map(|g| (g.grant().clone(), ttl)).collect();
     let results = a.renew_many(&batch).await;
     assert_eq!(results.len(), 3);

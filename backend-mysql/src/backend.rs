@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, Grant, LeaseKind, LockInfo,
     LockName, Result, TtlSupport,
@@ -203,6 +204,22 @@ impl std::fmt::Debug for MysqlLock {
 
 #[async_trait]
 impl DistributedLock for MysqlLock {
+    fn profile(&self) -> Profile {
+        let capabilities = match self.inner.signals {
+            Some(_) => CAPABILITIES,
+            None => CAPABILITIES.blocking(Blocking::Poll),
+        };
+        // Polls with the configured backoff; held answers carry the holder's remaining lease,
+        // so a waiter wakes no later than the holder's expiry even when the step is longer.
+        // With release signals on, a waiter that found the lock held waits for the holder's
+        // signal instead. A release through this handle passes the lock straight to a waiting
+        // task of the same handle: one request instead of a release and the next attempt.
+        let (base, cap) = self.inner.backoff;
+        Profile::new(capabilities)
+            .waiting(Waiting::Poll(Backoff::new(base, cap)))
+            .hands_over(true)
+    }
+
     async fn force_release(
         &self,
         name: &distlock_api::LockName,
@@ -220,28 +237,12 @@ impl DistributedLock for MysqlLock {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        match self.inner.signals {
-            Some(_) => CAPABILITIES,
-            None => CAPABILITIES.blocking(Blocking::Poll),
-        }
-    }
-
     fn core(&self) -> &ClientCore {
         &self.core
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.inner.attempt(req).await
-    }
-
-    /// Polls with the configured backoff; held answers carry the holder's remaining lease, so a
-    /// waiter wakes no later than the holder's expiry even when the step is longer. With
-    /// release signals on, a waiter that found the lock held waits for the holder's signal
-    /// instead ([`subscribe`](Self::subscribe)).
-    fn waiting(&self) -> Waiting {
-        let (base, cap) = self.inner.backoff;
-        Waiting::Poll(Backoff::new(base, cap))
     }
 
     /// The release signal of `name` (see [`MysqlConfig::release_signals`]): a wait in
@@ -260,13 +261,6 @@ impl DistributedLock for MysqlLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.inner.release(grant).await
-    }
-
-    /// A release through this handle passes the lock straight to a waiting task of the same
-    /// handle: one request ([`hand_over`](Self::hand_over)) instead of a release and the
-    /// waiter's next attempt.
-    fn hands_over(&self) -> bool {
-        true
     }
 
     /// One transaction (the `HAND_OVER_LAST` and `HAND_OVER` statements in `sql.rs`): the

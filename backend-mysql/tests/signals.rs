@@ -81,7 +81,7 @@ async fn a_waiter_of_another_client_is_woken_by_the_release_not_by_its_backoff()
     let holder = client(&tables, true, Duration::from_millis(2)).await;
     let waiter = client(&tables, true, SLOW).await;
     assert_eq!(waiter.capabilities().blocking, Blocking::Signal);
-    assert!(matches!(waiter.waiting(), Waiting::Poll(_)));
+    assert!(matches!(waiter.profile().waiting, Waiting::Poll(_)));
     for round in 0..3 {
         let name = name(&format!("wake{round}"));
         let companion = holder.signal_name(&LockName::new(&name).unwrap()).unwrap();

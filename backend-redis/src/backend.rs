@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Attempt, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
     LockName, Result, TtlSupport,
@@ -142,6 +143,15 @@ impl Shared {
 
 #[async_trait]
 impl DistributedLock for RedisLock {
+    fn profile(&self) -> Profile {
+        Profile::new(CAPABILITIES)
+            // Waiters subscribe to the lock's channel; a release publishes on it.
+            .waiting(Waiting::Notify)
+            // A release wakes a waiting task of this handle with the lock already its own: one
+            // script gives up the releasing grant and grants the waiter a fresh token.
+            .hands_over(true)
+    }
+
     async fn force_release(
         &self,
         name: &distlock_api::LockName,
@@ -159,21 +169,12 @@ impl DistributedLock for RedisLock {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
-
     fn core(&self) -> &ClientCore {
         &self.core
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.shared.attempt(req).await
-    }
-
-    /// Waiters subscribe to the lock's channel; a release publishes on it.
-    fn waiting(&self) -> Waiting {
-        Waiting::Notify
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
@@ -183,12 +184,6 @@ impl DistributedLock for RedisLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.shared.release(grant).await
-    }
-
-    /// A release wakes a waiting task of this handle with the lock already its own: one
-    /// script gives up the releasing grant and grants the waiter a fresh token.
-    fn hands_over(&self) -> bool {
-        true
     }
 
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::backend::wait::{Attempt, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, Notices};
 use distlock_api::backend::{AcquireRequest, ClientCore};
-use distlock_api::{Capabilities, DistributedLock, Grant, LockInfo};
+use distlock_api::Profile;
+use distlock_api::{DistributedLock, Grant, LockInfo};
 use distlock_redis::redis;
 use distlock_redis::{LockExt, LockName, LockOptions, RedLock, RedLockConfig, RedisConfig};
 
@@ -114,6 +115,10 @@ struct Counted {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Counted {
+    fn profile(&self) -> Profile {
+        self.inner.profile()
+    }
+
     async fn force_release(
         &self,
         name: &distlock_api::LockName,
@@ -131,14 +136,8 @@ impl DistributedLock for Counted {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn core(&self) -> &ClientCore {
         self.inner.core()
-    }
-    fn waiting(&self) -> Waiting {
-        self.inner.waiting()
     }
     async fn subscribe(&self, name: &LockName) -> distlock_redis::Result<Box<dyn Notices>> {
         self.inner.subscribe(name).await

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Attempt, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
     LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
@@ -119,6 +120,20 @@ impl ZkLock {
 
 #[async_trait]
 impl DistributedLock for ZkLock {
+    fn profile(&self) -> Profile {
+        let mut capabilities = CAPABILITIES;
+        capabilities.ttl.min = self.session_timeout();
+        // Waiters queue as sequential nodes, each watching its predecessor. Renewals confirm
+        // many grants in one multi-read, unless the server refused one.
+        let batch = match self.inner.no_multi_read.load(Ordering::Relaxed) {
+            true => 1,
+            false => RENEW_BATCH,
+        };
+        Profile::new(capabilities)
+            .waiting(Waiting::Queue)
+            .renew_batch(batch)
+    }
+
     async fn give_back(
         &self,
         name: &distlock_api::LockName,
@@ -126,14 +141,6 @@ impl DistributedLock for ZkLock {
         ttl: std::time::Duration,
     ) -> distlock_api::Result<bool> {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
-    }
-
-    /// [`CAPABILITIES`], with `ttl.min` the session timeout this client was granted: every
-    /// lock's lease, whatever TTL is asked for.
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = CAPABILITIES;
-        caps.ttl.min = self.session_timeout();
-        caps
     }
 
     fn core(&self) -> &ClientCore {
@@ -147,11 +154,6 @@ impl DistributedLock for ZkLock {
             Ok(None) => Ok(Attempt::Held { expires_in: None }),
             Err(e) => Err(e.with_lock(&req.name)),
         }
-    }
-
-    /// Waiters queue as sequential nodes, each watching its predecessor.
-    fn waiting(&self) -> Waiting {
-        Waiting::Queue
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
@@ -231,14 +233,6 @@ impl DistributedLock for ZkLock {
             Ok(stat) => self.inner.confirmed(grant, &s, stat.as_ref()),
             Err(Some(zk::Error::SessionExpired)) => Err(self.inner.session_over(grant, &s)),
             Err(e) => Err(request_error(e, "cannot confirm the lock", &s).with_lock(&grant.name)),
-        }
-    }
-
-    fn renew_batch(&self) -> usize {
-        if self.inner.no_multi_read.load(Ordering::Relaxed) {
-            1
-        } else {
-            RENEW_BATCH
         }
     }
 

@@ -1,5 +1,5 @@
 //! The promises of [`DistributedLock::hand_over`], for a backend that
-//! [hands locks over](DistributedLock::hands_over), checked by calling it directly against the
+//! [hands locks over](distlock_api::Profile::hands_over), checked by calling it directly against the
 //! backend's real server: the releasing grant comes from `attempt`, the waiting task's request
 //! has an owner id of its own, and what the request did is read back with `inspect`, `release`
 //! and `renew`. For backends whose fencing tokens come from one counter per name, bumped once

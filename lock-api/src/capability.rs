@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::backend::wait::{Backoff, Waiting};
+
 /// What a backend promises. A plain `Copy + Default` value: a backend declares it as a constant
 /// with the `const` builder (`Capabilities::new().reentrant(true)…`), its docs show the same
 /// values as a checklist, and the conformance suite runs a case only where these say it
@@ -207,5 +209,104 @@ impl Capabilities {
             tick(self.fencing_tokens()),
             tick(self.renewal),
         )
+    }
+}
+
+/// Everything a client handle says about itself, in one value
+/// ([`DistributedLock::profile`](crate::DistributedLock::profile)): what it promises, how its
+/// acquires wait, whether a release hands the lock to a task of the same handle, and how many
+/// grants one renewal request confirms. Built with [`Profile::new`] and its setters; fields may
+/// be added (`#[non_exhaustive]`).
+///
+/// The conformance suite checks that its parts agree: a backend that waits by
+/// [`Waiting::Poll`] says [`Blocking::Poll`] or [`Blocking::Signal`]; one that is notified or
+/// queues says [`Blocking::Notify`]; a fair backend does not hand over (a hand-over goes before
+/// the queue).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Profile {
+    /// What the backend promises.
+    pub capabilities: Capabilities,
+    /// How a waiting acquire learns that the lock may be free.
+    pub waiting: Waiting,
+    /// Whether [`hand_over`](crate::DistributedLock::hand_over) passes a lock in one request.
+    /// Without it, a release through the handle frees the lock and wakes the handle's own
+    /// waiters, which then ask the server.
+    pub hands_over: bool,
+    /// How many grants [`renew_many`](crate::DistributedLock::renew_many) confirms with one
+    /// request (1: the watchdog renews each with its own `renew`).
+    pub renew_batch: usize,
+}
+
+impl Profile {
+    /// `capabilities`, waiting by polling with the default [`Backoff`], no hand-over, and
+    /// renewals one grant at a time.
+    pub fn new(capabilities: Capabilities) -> Self {
+        Self {
+            capabilities,
+            waiting: Waiting::Poll(Backoff::default()),
+            hands_over: false,
+            renew_batch: 1,
+        }
+    }
+
+    /// Sets how acquires wait.
+    pub fn waiting(mut self, waiting: Waiting) -> Self {
+        self.waiting = waiting;
+        self
+    }
+
+    /// Sets whether a release hands the lock over in one request.
+    pub fn hands_over(mut self, hands_over: bool) -> Self {
+        self.hands_over = hands_over;
+        self
+    }
+
+    /// Sets how many grants one renewal request confirms (at least 1).
+    pub fn renew_batch(mut self, renew_batch: usize) -> Self {
+        self.renew_batch = renew_batch.max(1);
+        self
+    }
+
+    /// Why the parts disagree, if they do (see the type's docs).
+    pub fn disagreement(&self) -> Option<&'static str> {
+        let blocking = self.capabilities.blocking;
+        match (&self.waiting, blocking) {
+            (Waiting::Poll(_), Blocking::Poll | Blocking::Signal) => {}
+            (Waiting::Notify | Waiting::Queue, Blocking::Notify) => {}
+            (Waiting::Poll(_), _) => {
+                return Some("a backend that waits by polling must say Blocking::Poll or Signal")
+            }
+            _ => return Some("a backend that is notified or queues must say Blocking::Notify"),
+        }
+        if self.hands_over && self.capabilities.fair {
+            return Some("a fair backend must not hand over: a hand-over goes before its queue");
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_whose_parts_disagree_says_why() {
+        let notify = Capabilities::new().blocking(Blocking::Notify);
+        let signal = Capabilities::new().blocking(Blocking::Signal);
+        assert_eq!(Profile::new(signal).disagreement(), None);
+        assert_eq!(
+            Profile::new(notify).waiting(Waiting::Queue).disagreement(),
+            None
+        );
+        assert!(Profile::new(notify).disagreement().is_some());
+        assert!(Profile::new(signal)
+            .waiting(Waiting::Notify)
+            .disagreement()
+            .is_some());
+        let fair = notify.fair(true);
+        let handing = Profile::new(fair).waiting(Waiting::Queue).hands_over(true);
+        assert!(handing.disagreement().is_some());
+        assert_eq!(Profile::new(signal).renew_batch(0).renew_batch, 1);
     }
 }

@@ -62,7 +62,7 @@ mod release;
 mod wakes;
 mod watchdog;
 
-pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+pub use capability::{Blocking, Capabilities, Fencing, LeaseKind, Profile, TtlSupport};
 pub use config::ClientOptions;
 pub use descriptor::{BackendDescriptor, ConnectFn, MEMORY};
 pub use error::{Error, ErrorKind, LostReason, Result};

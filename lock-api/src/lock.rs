@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
-use crate::capability::Capabilities;
+use crate::backend::wait::{Attempt, HandOver, Notices};
+use crate::capability::{Capabilities, Profile};
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState, Holds};
@@ -49,10 +49,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// - **Fencing** (if [`Capabilities::fencing`] is not `None`): every fresh grant's token is
 ///   strictly greater than every token issued earlier for the same name.
 /// - **Waiting.** `attempt` never waits. The conveniences wait with attempts, polling or woken
-///   by the server's notices as [`waiting`](DistributedLock::waiting) says, up to the wait
+///   by the server's notices as [`Profile::waiting`](crate::Profile::waiting) says, up to the wait
 ///   bound, then fail with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) within one round
 ///   trip; a dropped wait leaves nothing behind (the core releases a grant that raced the
-///   cancellation). A backend with a queue on the server ([`Waiting::Queue`]) waits in its own
+///   cancellation). A backend with a queue on the server ([`Waiting::Queue`](crate::backend::wait::Waiting::Queue)) waits in its own
 ///   [`acquire`](DistributedLock::acquire), which keeps the same promises.
 /// - **Errors.** An unreachable server is
 ///   [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable) within the connect timeout; a
@@ -63,8 +63,15 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Input reaching these methods is already validated ([`LockName`], [`OwnerId`], TTL bounds).
 #[async_trait]
 pub trait DistributedLock: Send + Sync + 'static {
-    /// What this backend promises.
-    fn capabilities(&self) -> Capabilities;
+    /// Everything this client handle says about itself: what it promises, how its acquires
+    /// wait, whether it hands locks over, how many grants one renewal confirms.
+    fn profile(&self) -> Profile;
+
+    /// What this backend promises: [`profile`](Self::profile)'s capabilities. Not for
+    /// overriding: a backend says it in its profile.
+    fn capabilities(&self) -> Capabilities {
+        self.profile().capabilities
+    }
 
     /// The per-client state: backend name, default owner id, default TTL, watchdog.
     fn core(&self) -> &ClientCore;
@@ -73,20 +80,14 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// reentrant backends), else the answer says who holds it for how long
     /// ([`Attempt::Held`], with the holder's remaining lease where the server tells it). Never
     /// waits for the lock. The conveniences make it cancellation-safe (a grant that lands after
-    /// the caller went away is released) and wait with it as [`waiting`](Self::waiting) says,
+    /// the caller went away is released) and wait with it as [`Profile::waiting`](crate::Profile::waiting) says,
     /// so a backend implements only its server's request.
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt>;
 
-    /// How a waiting acquire learns that the lock may be free between attempts. The default
-    /// polls with [`Backoff::default`], waking no later than the holder's expiry.
-    fn waiting(&self) -> Waiting {
-        Waiting::Poll(Backoff::default())
-    }
-
-    /// Subscribes to notices that `name` may have come free, for [`Waiting::Notify`]: made
+    /// Subscribes to notices that `name` may have come free, for [`Waiting::Notify`](crate::backend::wait::Waiting::Notify): made
     /// before the attempt that follows it, so a release in between is not missed.
     ///
-    /// A [`Waiting::Poll`] backend may have notices too, for some holds or some servers (a
+    /// A [`Waiting::Poll`](crate::backend::wait::Waiting::Poll) backend may have notices too, for some holds or some servers (a
     /// wait channel the holder keeps, a change stream where the server has them): its waiter
     /// subscribes after an attempt found the lock held, attempts once more, and then waits for
     /// the notices instead of the backoff step. Such notices must themselves fall back to a
@@ -101,7 +102,7 @@ pub trait DistributedLock: Send + Sync + 'static {
         ))
     }
 
-    /// For [`Waiting::Queue`]: takes a place in the server's queue for the lock and waits up to
+    /// For [`Waiting::Queue`](crate::backend::wait::Waiting::Queue): takes a place in the server's queue for the lock and waits up to
     /// `wait` for it ([`ErrorKind::Timeout`](crate::ErrorKind::Timeout) after that, within one
     /// round trip). Dropping the future at any await point must leave nothing behind: no queue
     /// entry, and no grant without a caller.
@@ -117,21 +118,13 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// was taken away), `Ok(false)` if it no longer did (expired, taken over, released before).
     async fn release(&self, grant: &Grant) -> Result<bool>;
 
-    /// Whether [`hand_over`](Self::hand_over) passes a lock in one request. `false`, the
-    /// default, has a release through this handle free the lock and wake the handle's own
-    /// waiters, which then ask the server; a backend that returns `true` has its waiters
-    /// offered the lock straight from the releasing guard instead.
-    fn hands_over(&self) -> bool {
-        false
-    }
-
     /// Gives up `from`'s hold and, if that was its last one, grants the lock to `to` — a waiter
     /// of this same handle for the same name — in the same atomic step on the server, with a
     /// fencing token greater than `from`'s and `to.ttl` as the lease (counted from this
     /// request's send). Conditional like [`release`](Self::release): a `from` that no longer
     /// holds the lock changes nothing and is [`HandOver::Released(false)`](HandOver::Released).
     /// A `from` with holds left loses one and passes nothing on. Called only where
-    /// [`hands_over`](Self::hands_over) says so; the default is a plain release.
+    /// the profile's [`Profile::hands_over`] says so; the default is a plain release.
     ///
     /// One request for a hand-off between tasks of one process, where a release and the
     /// waiter's next attempt take two. Only for backends without a fair queue: the waiter goes
@@ -157,18 +150,9 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// return the session's lease.
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration>;
 
-    /// How many grants [`renew_many`](Self::renew_many) confirms with one request. 1, the
-    /// default, has the watchdog renew each grant with its own [`renew`](Self::renew) call;
-    /// backends whose server can confirm many locks at once (one transaction, one multi-read)
-    /// return more, and the watchdog hands them the grants that come due together in batches
-    /// of up to that many.
-    fn renew_batch(&self) -> usize {
-        1
-    }
-
     /// Renews every `(grant, ttl)` of `grants` as [`renew`](Self::renew) would, and returns one
     /// result per grant, in order. The default renews them one after another; a backend that
-    /// raises [`renew_batch`](Self::renew_batch) overrides it with one request per batch.
+    /// raises [`Profile::renew_batch`] overrides it with one request per batch.
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
         let mut results = Vec::with_capacity(grants.len());
         for (grant, ttl) in grants {
@@ -481,7 +465,7 @@ impl Renewer for dyn DistributedLock {
     }
 
     fn batch_size(&self) -> usize {
-        self.renew_batch()
+        self.profile().renew_batch
     }
 
     fn renew_one<'a>(&'a self, grant: &'a Grant, ttl: Duration) -> BoxFuture<'a, Result<Duration>> {

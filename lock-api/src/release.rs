@@ -1,5 +1,5 @@
 //! Releasing a guard's hold, and handing the lock over to a waiter of the same handle in the
-//! same request where the backend can ([`DistributedLock::hands_over`]). A release whose answer
+//! same request where the backend can ([`Profile::hands_over`](crate::Profile::hands_over)). A release whose answer
 //! was lost is sent again in the background ([`lost_reply`](crate::lost_reply)).
 
 use std::sync::Arc;
@@ -17,11 +17,11 @@ use crate::wakes::{Handed, Offer};
 /// background until one is answered or the lease has run out; the caller gets the first
 /// attempt's outcome.
 ///
-/// On a backend that [hands locks over](DistributedLock::hands_over), a waiter of this handle
+/// On a backend that [hands locks over](crate::Profile::hands_over), a waiter of this handle
 /// for the name that offered to take the lock gets it in the same request
 /// ([`hand_over`]).
 pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -> Result<bool> {
-    if backend.hands_over() {
+    if backend.profile().hands_over {
         if let Some(offer) = backend.core().wakes().claim(&grant.name) {
             return hand_over(backend, grant, offer).await;
         }

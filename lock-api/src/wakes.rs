@@ -3,7 +3,7 @@
 //! release through the handle wakes the polling one at once instead of at its next backoff
 //! step. Waiters of other handles (other processes) still find the lock free by polling.
 //!
-//! On a backend that [hands locks over](crate::DistributedLock::hands_over), a waiter between
+//! On a backend that [hands locks over](crate::Profile::hands_over), a waiter between
 //! attempts also offers to take the lock straight from a releasing guard of its handle
 //! ([`LocalWaiter::offer`]): the release and its grant are then one request, and the grant
 //! reaches the waiter through the offer. The handle passes a lock on at most

@@ -9,7 +9,7 @@
 //! O(log n) a step plus one pass over the slab a second.
 //!
 //! Renewals due at one wake-up go out in batches where the backend confirms many grants with
-//! one request ([`DistributedLock::renew_batch`](crate::DistributedLock::renew_batch)); for those backends, renewals due within the
+//! one request ([`Profile::renew_batch`](crate::Profile::renew_batch)); for those backends, renewals due within the
 //! next 100 ms are brought forward to join the batch.
 
 use std::collections::BTreeSet;

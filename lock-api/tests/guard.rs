@@ -189,6 +189,10 @@ impl Remote {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Remote {
+    fn profile(&self) -> distlock_api::Profile {
+        distlock_api::Profile::new(self.inner.capabilities())
+    }
+
     async fn force_release(
         &self,
         name: &distlock_api::LockName,
@@ -203,9 +207,6 @@ impl DistributedLock for Remote {
         ttl: Duration,
     ) -> distlock_api::Result<bool> {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
-    }
-    fn capabilities(&self) -> distlock_api::Capabilities {
-        self.inner.capabilities()
     }
     fn core(&self) -> &distlock_api::backend::ClientCore {
         self.inner.core()
@@ -275,8 +276,8 @@ impl DistributedLock for Batching {
     ) -> distlock_api::Result<bool> {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
-    fn capabilities(&self) -> distlock_api::Capabilities {
-        self.inner.capabilities()
+    fn profile(&self) -> distlock_api::Profile {
+        distlock_api::Profile::new(self.inner.capabilities()).renew_batch(self.batch)
     }
     fn core(&self) -> &distlock_api::backend::ClientCore {
         self.inner.core()
@@ -299,9 +300,6 @@ impl DistributedLock for Batching {
             .await
             .pop()
             .expect("one result")
-    }
-    fn renew_batch(&self) -> usize {
-        self.batch
     }
     async fn renew_many(
         &self,

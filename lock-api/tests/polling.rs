@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use distlock_api::backend::wait::{Attempt, Backoff, Notices, Waiting};
 use distlock_api::backend::{AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
-    Capabilities, DistributedLock, ErrorKind, FencingToken, Grant, LockExt, LockInfo, LockName,
-    MemoryStore, OwnerId, Result,
+    DistributedLock, ErrorKind, FencingToken, Grant, LockExt, LockInfo, LockName, MemoryStore,
+    OwnerId, Result,
 };
 
 /// A memory client seen as a networked backend that waits the given way, counting the attempts
@@ -54,20 +55,18 @@ impl Notices for Silence {
 
 #[distlock_api::backend::async_trait]
 impl DistributedLock for Remote {
+    fn profile(&self) -> Profile {
+        Profile::new(self.inner.capabilities()).waiting(self.waiting.clone())
+    }
+
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
         distlock_api::backend::force_release_by_releases(self, name, token).await
     }
     async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
         distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn core(&self) -> &ClientCore {
         self.inner.core()
-    }
-    fn waiting(&self) -> Waiting {
-        self.waiting.clone()
     }
     async fn subscribe(&self, _name: &LockName) -> Result<Box<dyn Notices>> {
         self.subscribed.fetch_add(1, Ordering::SeqCst);

@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
     LeaseKind, LockInfo, LockName, OwnerId, Result, TtlSupport,
@@ -239,11 +240,19 @@ impl RedLock {
 
 #[async_trait]
 impl DistributedLock for RedLock {
-    fn capabilities(&self) -> Capabilities {
-        match self.shared.hubs.is_empty() {
+    fn profile(&self) -> Profile {
+        let capabilities = match self.shared.hubs.is_empty() {
             false => REDLOCK_CAPABILITIES,
             true => REDLOCK_CAPABILITIES.blocking(Blocking::Poll),
-        }
+        };
+        // Rounds are retried after a random delay (jittered backoff steps), as the RedLock
+        // description asks of a client that failed to get a majority; a waiter subscribed to the
+        // masters' release channels retries when one of them tells it the lock was released.
+        // A release through this handle passes the lock straight to a waiting task of the same
+        // handle: one round on the masters instead of a release round and an acquire round.
+        Profile::new(capabilities)
+            .waiting(Waiting::Poll(Backoff::default()))
+            .hands_over(true)
     }
 
     fn core(&self) -> &ClientCore {
@@ -252,14 +261,6 @@ impl DistributedLock for RedLock {
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.shared.attempt(req).await
-    }
-
-    /// Rounds are retried after a random delay ([`Backoff::default`]'s jittered steps), as the
-    /// RedLock description asks of a client that failed to get a majority; a waiter subscribed
-    /// to the masters' release channels ([`subscribe`](Self::subscribe)) retries when one of
-    /// them tells it the lock was released instead.
-    fn waiting(&self) -> Waiting {
-        Waiting::Poll(Backoff::default())
     }
 
     /// The release channel of `name` on every master that confirms it within the master
@@ -310,13 +311,6 @@ impl DistributedLock for RedLock {
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
         self.shared.release(grant).await
-    }
-
-    /// A release through this handle passes the lock straight to a waiting task of the same
-    /// handle: one round on the masters instead of a release round and the task's acquire
-    /// round.
-    fn hands_over(&self) -> bool {
-        true
     }
 
     /// One round of the hand-over script on every master the grant holds, decided like an

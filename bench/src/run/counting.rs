@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock_api::backend::wait::{Attempt, HandOver, Notices, Waiting};
+use distlock_api::backend::wait::{Attempt, HandOver, Notices};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
+use distlock_api::Profile;
 use distlock_api::{
-    Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, OwnerId, Result,
-    SharedLock,
+    DistributedLock, FencingToken, Grant, LockInfo, LockName, OwnerId, Result, SharedLock,
 };
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
@@ -85,8 +85,8 @@ impl Counting {
 
 #[async_trait]
 impl DistributedLock for Counting {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+    fn profile(&self) -> Profile {
+        self.inner.profile()
     }
 
     fn core(&self) -> &ClientCore {
@@ -95,10 +95,6 @@ impl DistributedLock for Counting {
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.inner.attempt(req).await
-    }
-
-    fn waiting(&self) -> Waiting {
-        self.inner.waiting()
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Box<dyn Notices>> {
@@ -115,10 +111,6 @@ impl DistributedLock for Counting {
 
     async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
         self.inner.give_back(name, owner, ttl).await
-    }
-
-    fn hands_over(&self) -> bool {
-        self.inner.hands_over()
     }
 
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
@@ -139,10 +131,6 @@ impl DistributedLock for Counting {
         let result = self.inner.renew(grant, ttl).await;
         self.count(&result);
         result
-    }
-
-    fn renew_batch(&self) -> usize {
-        self.inner.renew_batch()
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {

@@ -38,6 +38,25 @@ pub(super) async fn try_acquire_free_lock_grants_with_holder_and_token(cx: Ctx) 
     assert!(g.release().await.unwrap());
 }
 
+/// What a client handle says about itself is one value: how it waits must match the blocking
+/// it promises, a fair backend must not hand over, and it promises what its descriptor says
+/// (the descriptor may say less only of how waiters are woken: a client without notices
+/// configured polls).
+pub(super) async fn the_profile_agrees_with_itself_and_with_the_descriptor(cx: Ctx) {
+    let c = cx.client().await;
+    let p = c.profile();
+    assert_eq!(p.disagreement(), None, "{p:?}");
+    assert!(p.renew_batch >= 1, "{p:?}");
+    let mut declared = cx.harness().capabilities();
+    declared.blocking = p.capabilities.blocking;
+    let mut said = p.capabilities;
+    said.ttl.min = declared.ttl.min;
+    assert_eq!(
+        said, declared,
+        "the client's capabilities are not the descriptor's"
+    );
+}
+
 pub(super) async fn try_acquire_held_lock_returns_none(cx: Ctx) {
     let (a, b) = (cx.client().await, cx.client().await);
     let name = cx.name("held");

@@ -118,6 +118,7 @@ cases! {
     malformed_owner_id_is_invalid_argument: always,
     unreachable_server_is_unavailable_within_connect_timeout: remote,
     try_acquire_free_lock_grants_with_holder_and_token: always,
+    the_profile_agrees_with_itself_and_with_the_descriptor: always,
     try_acquire_held_lock_returns_none: always,
     caller_supplied_owner_is_the_holder: always,
     release_by_holder_frees_the_lock: always,

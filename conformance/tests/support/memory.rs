@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::backend::wait::{Attempt, Waiting};
+use distlock_api::backend::wait::Attempt;
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::Profile;
 use distlock_api::{
     Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, MemoryLock,
     MemoryStore, OwnerId, Result,
@@ -34,17 +35,15 @@ struct Watched(MemoryLock);
 
 #[async_trait]
 impl DistributedLock for Watched {
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
+    fn profile(&self) -> Profile {
+        self.0.profile()
     }
+
     fn core(&self) -> &ClientCore {
         self.0.core()
     }
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         self.0.attempt(req).await
-    }
-    fn waiting(&self) -> Waiting {
-        self.0.waiting()
     }
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
         self.0.acquire(req, wait).await

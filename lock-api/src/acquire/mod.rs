@@ -101,7 +101,7 @@ pub(crate) async fn lock_with(
 }
 
 /// Waits up to `wait` for `req`'s lock the way the backend says
-/// ([`DistributedLock::waiting`]): attempts with backoff, attempts woken by the server's
+/// ([`Profile::waiting`](crate::Profile::waiting)): attempts with backoff, attempts woken by the server's
 /// notices, or the backend's own queue.
 async fn acquire_waiting(
     this: &Arc<dyn DistributedLock>,
@@ -109,7 +109,7 @@ async fn acquire_waiting(
     wait: Duration,
 ) -> Result<Grant> {
     let deadline = Instant::now() + wait;
-    match this.waiting() {
+    match this.profile().waiting {
         Waiting::Queue => this.acquire(req, wait).await,
         Waiting::Poll(backoff) => poll::wait(this, req, wait, deadline, backoff).await,
         Waiting::Notify => notify::wait(this, req, wait, deadline).await,

@@ -56,7 +56,7 @@ pub enum HandOver {
 }
 
 /// How a waiting acquire learns that the lock may be free between attempts
-/// ([`DistributedLock::waiting`](crate::DistributedLock::waiting)).
+/// ([`Profile::waiting`](crate::Profile::waiting)).
 #[derive(Clone, Debug)]
 pub enum Waiting {
     /// It attempts again after a backoff step, and no later than the holder's expiry.

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 
 use crate::backend::give_back_by_release;
 use crate::backend::wait::{Attempt, Waiting};
-use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, TtlSupport};
+use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, Profile, TtlSupport};
 use crate::error::LostReason;
 use crate::error::Result;
 use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
@@ -90,8 +90,10 @@ impl MemoryStore {
 
 #[async_trait]
 impl DistributedLock for MemoryLock {
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
+    fn profile(&self) -> Profile {
+        Profile::new(CAPABILITIES)
+            // The store keeps a queue of waiters per name.
+            .waiting(Waiting::Queue)
     }
 
     fn core(&self) -> &ClientCore {
@@ -102,7 +104,7 @@ impl DistributedLock for MemoryLock {
         // Nothing here awaits I/O, so spend the task's cooperative budget: a loop of in-memory
         // lock calls must still let the runtime run its other tasks (the watchdog among them).
         // Acquires spend it, releases do not: a loop that releases also acquires. (The
-        // conveniences spend it before calling `grant_now`.)
+        // conveniences spend it too, before the attempt.)
         tokio::task::coop::consume_budget().await;
         Ok(
             match self
@@ -114,11 +116,6 @@ impl DistributedLock for MemoryLock {
                 Err(_) => Attempt::Held { expires_in: None },
             },
         )
-    }
-
-    /// The store keeps a queue of waiters per name.
-    fn waiting(&self) -> Waiting {
-        Waiting::Queue
     }
 
     fn keeper(&self) -> &dyn LeaseKeeper {
