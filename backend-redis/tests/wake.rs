@@ -155,6 +155,38 @@ impl DistributedLock for Counted {
     async fn inspect(&self, name: &LockName) -> distlock_redis::Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }
+    fn capabilities(&self) -> distlock_api::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        req: &distlock_api::backend::AcquireRequest,
+        wait: std::time::Duration,
+    ) -> distlock_api::Result<distlock_api::Grant> {
+        self.inner.acquire(req, wait).await
+    }
+    async fn hand_over(
+        &self,
+        from: &distlock_api::Grant,
+        to: &distlock_api::backend::AcquireRequest,
+    ) -> distlock_api::Result<distlock_api::backend::wait::HandOver> {
+        self.inner.hand_over(from, to).await
+    }
+    fn keeper(&self) -> &dyn distlock_api::backend::LeaseKeeper {
+        self.inner.keeper()
+    }
+    async fn renew_many(
+        &self,
+        grants: &[(distlock_api::Grant, std::time::Duration)],
+    ) -> Vec<distlock_api::Result<std::time::Duration>> {
+        self.inner.renew_many(grants).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+    ) -> distlock_api::Result<Vec<(distlock_api::LockName, distlock_api::LockInfo)>> {
+        self.inner.list(prefix).await
+    }
 }
 
 /// RedLock waiters listen to the masters' release channels instead of polling: while a holder

@@ -29,8 +29,8 @@ impl Memory {
     }
 }
 
-/// A memory client that forwards every primitive but not `keeper`, so its guards take the
-/// networked backends' path (watchdog enrolment, renewals through `renew`, async release).
+/// A memory client that forwards every primitive but keeps its guards with the watchdog, so
+/// they take the networked backends' path (watchdog enrolment, renewals through `renew`).
 struct Watched(MemoryLock);
 
 #[async_trait]
@@ -65,6 +65,33 @@ impl DistributedLock for Watched {
     }
     async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
         self.0.give_back(name, owner, ttl).await
+    }
+    fn capabilities(&self) -> distlock_api::Capabilities {
+        self.0.capabilities()
+    }
+    async fn subscribe(
+        &self,
+        name: &distlock_api::LockName,
+    ) -> distlock_api::Result<Box<dyn distlock_api::backend::wait::Notices>> {
+        self.0.subscribe(name).await
+    }
+    async fn hand_over(
+        &self,
+        from: &distlock_api::Grant,
+        to: &distlock_api::backend::AcquireRequest,
+    ) -> distlock_api::Result<distlock_api::backend::wait::HandOver> {
+        self.0.hand_over(from, to).await
+    }
+    /// The watchdog's, not the wrapped backend's: this wrapper's guards take the networked
+    /// backends' path.
+    fn keeper(&self) -> &dyn distlock_api::backend::LeaseKeeper {
+        self.core().watchdog_keeper()
+    }
+    async fn renew_many(
+        &self,
+        grants: &[(distlock_api::Grant, std::time::Duration)],
+    ) -> Vec<distlock_api::Result<std::time::Duration>> {
+        self.0.renew_many(grants).await
     }
 }
 
