@@ -7,36 +7,17 @@
 //! the owner id: the lease alone would let two owners on one client collide on one key, and
 //! the owner alone would let two clients with the same owner id collide.
 
+use distlock_api::backend::{escape, unescape};
 use distlock_api::OwnerId;
 
 /// `name` with `%` and `/` percent-encoded: reversible, and free of `/`.
 pub(crate) fn encode_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '/' => out.push_str("%2F"),
-            c => out.push(c),
-        }
-    }
-    out
+    escape(name, &['/'])
 }
 
 /// The inverse of [`encode_name`]; `None` for a segment it cannot have produced.
 pub(crate) fn decode_name(segment: &str) -> Option<String> {
-    let mut out = String::with_capacity(segment.len());
-    let mut rest = segment;
-    while let Some(i) = rest.find(['%', '/']) {
-        out.push_str(&rest[..i]);
-        match rest.get(i..i + 3)? {
-            "%25" => out.push('%'),
-            "%2F" => out.push('/'),
-            _ => return None,
-        }
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
+    unescape(segment, &['/'])
 }
 
 /// The directory holding `name`'s holder and waiters, ending in `/`.

@@ -5,6 +5,7 @@
 //! percent-escapes only `{`, `}` and `%`: it is reversible, keeps names readable in
 //! `redis-cli`, and guarantees the tag ends where the name ends.
 
+use distlock_api::backend::{escape, unescape};
 use distlock_api::{Error, LockName, Result};
 
 /// The longest key prefix accepted.
@@ -76,35 +77,12 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
 
 /// Percent-escapes `{`, `}` and `%`; everything else is kept as is.
 pub(crate) fn encode(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        match c {
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            '%' => out.push_str("%25"),
-            c => out.push(c),
-        }
-    }
-    out
+    escape(name, &['{', '}'])
 }
 
 /// The inverse of [`encode`]; `None` for text `encode` cannot produce.
 pub(crate) fn decode(encoded: &str) -> Option<String> {
-    let mut out = String::with_capacity(encoded.len());
-    let mut rest = encoded;
-    while let Some(i) = rest.find(['%', '{', '}']) {
-        out.push_str(&rest[..i]);
-        let esc = rest.get(i..i + 3)?;
-        out.push(match esc {
-            "%7B" => '{',
-            "%7D" => '}',
-            "%25" => '%',
-            _ => return None,
-        });
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
+    unescape(encoded, &['{', '}'])
 }
 
 /// Escapes the characters `SCAN MATCH` and `PUBSUB CHANNELS` treat as glob syntax.

@@ -21,11 +21,13 @@ pub use crate::wakes::HANDED_IN_A_ROW;
 pub use async_trait::async_trait;
 
 mod by_release;
+mod escape;
 mod recent;
 pub mod testing;
 pub mod wait;
 
 pub use by_release::{force_release_by_releases, give_back_by_release};
+pub use escape::{escape, unescape};
 pub use recent::Recent;
 
 /// Makes sure rustls has a process-wide crypto provider before a driver builds a TLS config
