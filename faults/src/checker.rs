@@ -55,6 +55,8 @@ struct Grant {
     name: String,
     token: u64,
     owner: String,
+    /// When its acquire was sent: a server-side change from then on may already be this grant's.
+    sent: u64,
     start: u64,
     end: u64,
     why: String,
@@ -156,6 +158,7 @@ pub(crate) fn check(
             id,
             name,
             outcome,
+            invoke,
             complete,
             token: Some(token),
             owner,
@@ -190,6 +193,7 @@ pub(crate) fn check(
             name: name.clone(),
             token: *token,
             owner: owner.clone().unwrap_or_default(),
+            sent: *invoke,
             start: *complete,
             end,
             why,
@@ -477,7 +481,9 @@ pub(crate) fn check(
                 }
             }
             (None, Some(e)) if e.starts_with("Lost") => {
-                let fault_between = faults.iter().any(|f| g.start <= f.at && f.at <= *complete);
+                // From the acquire's send: a deletion sent while the acquire was in flight can
+                // take the node or key the server had just granted it.
+                let fault_between = faults.iter().any(|f| g.sent <= f.at && f.at <= *complete);
                 if g.end > complete + 20_000_000 && !fault_between {
                     out.violations.push(format!(
                         "re-entry of {id} was refused as lost while its grant was believed for \

@@ -19,6 +19,14 @@ fn acquire(pid: u32, seq: u64, token: u64, complete: u64) -> Rec {
     }
 }
 
+fn acquire_sent(pid: u32, seq: u64, token: u64, invoke: u64, complete: u64) -> Rec {
+    let mut r = acquire(pid, seq, token, complete);
+    if let Rec::Acquire { invoke: i, .. } = &mut r {
+        *i = invoke;
+    }
+    r
+}
+
 fn end(pid: u32, seq: u64, end: u64) -> Rec {
     Rec::End {
         id: OpId { pid, task: 0, seq },
@@ -313,6 +321,22 @@ fn a_reentry_of_another_token_or_refused_while_believed_is_a_violation() {
     assert!(run(reenter(None, Some("Unavailable: down")), &[])
         .violations
         .is_empty());
+    // A deletion sent while the acquire was in flight may have taken what it was granted.
+    let h = [
+        acquire_sent(1, 1, 7, ms / 2, ms),
+        reenter(None, Some("Lost: ended")),
+        end(1, 1, 100 * ms),
+    ];
+    let deleted = |at: u64| Fault {
+        at,
+        what: "deleted \"n\"".into(),
+        killed: None,
+        recover_from: false,
+        deleted: Some("n".into()),
+    };
+    let check_with = |f: Fault| check(&h, &[f], &BTreeMap::new(), 200 * ms, Expect::default());
+    assert!(check_with(deleted(3 * ms / 4)).violations.is_empty());
+    assert_eq!(check_with(deleted(ms / 4)).violations.len(), 1);
 }
 
 #[test]
