@@ -110,6 +110,10 @@ struct RunArgs {
     /// Try once: exit 124 at once if someone else holds the lock.
     #[arg(long, short = 'N')]
     no_wait: bool,
+    /// Take one permit of a semaphore of this many (up to 10000): up to this many commands
+    /// run at once under the name. 1 (the default) is the lock.
+    #[arg(long, default_value_t = 1)]
+    permits: u32,
     /// The lease, renewed every third of it while the command runs (the client's default
     /// otherwise). A holder that stops (a paused machine) loses the lock after this long.
     #[arg(long, value_parser = duration)]
@@ -307,8 +311,12 @@ fn holder_text(name: &str, i: &LockInfo) -> String {
         Some(t) => format!(", since {}", rfc3339(t)),
         None => String::new(),
     };
+    let permits = match i.permits {
+        (_, 1) => String::new(),
+        (held, max) => format!(" ({held} of {max} permits held; the oldest shown)"),
+    };
     format!(
-        "{name}: held by {}\n  hold count {}, fencing token {}, lease {lease}{since}",
+        "{name}: held by {}{permits}\n  hold count {}, fencing token {}, lease {lease}{since}",
         i.owner, i.hold_count, i.token
     )
 }
@@ -325,6 +333,8 @@ fn holder_json(name: &str, info: Option<&LockInfo>) -> serde_json::Value {
             "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
             "since": i.since.map(rfc3339),
             "since_unix_ms": i.since.and_then(unix_ms),
+            "permits_held": i.permits.0,
+            "permits": i.permits.1,
         }),
     }
 }
@@ -387,13 +397,13 @@ async fn run(locks: &Arc<dyn DistributedLock>, args: RunArgs, json: bool) -> Exi
     }
     let acquired = if args.no_wait {
         locks
-            .try_lock_with(&args.name, &options)
+            .try_permit(&args.name, args.permits, &options)
             .await
             .map(|g| g.ok_or(()))
     } else {
         let options = options.wait(args.wait.unwrap_or(distlock::MAX_WAIT));
         tokio::select! {
-            got = locks.lock_with(&args.name, &options) => got.map(Ok),
+            got = locks.permit(&args.name, args.permits, &options) => got.map(Ok),
             (label, number) = next_signal(&mut signals) => {
                 eprintln!("distlock: SIG{label} while waiting for {}; not running the command", args.name);
                 return Exit(128 + number as u8);

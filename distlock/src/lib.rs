@@ -21,6 +21,9 @@ mod choosing_a_backend_doc {}
 #[doc = include_str!("../../docs/ownership-and-reentry.md")]
 mod ownership_and_reentry_doc {}
 #[cfg(doctest)]
+#[doc = include_str!("../../docs/semaphores.md")]
+mod semaphores_doc {}
+#[cfg(doctest)]
 #[doc = include_str!("../../docs/when-servers-fail.md")]
 mod when_servers_fail_doc {}
 #[cfg(doctest)]

@@ -39,6 +39,12 @@ pub struct Capabilities {
     pub fencing: Fencing,
     /// The watchdog can renew a held lock's lease (per-lock renewal or session keep-alive).
     pub renewal: bool,
+    /// Names can be counting semaphores: a request for a permit of at most `max`
+    /// ([`LockExt::permit`](crate::LockExt::permit)) is granted while fewer than `max` permits
+    /// are held, each permit its own grant with its own lease and token. Without it, a request
+    /// for more than one permit is [`Unsupported`](crate::ErrorKind::Unsupported), before any
+    /// request is sent.
+    pub semaphore: bool,
 }
 
 /// How a waiting acquire learns that the lock came free. Ways may be added (`#[non_exhaustive]`).
@@ -111,8 +117,8 @@ impl TtlSupport {
 }
 
 impl Capabilities {
-    /// No promises: not reentrant, polling, no leases, not fair, no fencing, no renewal (the
-    /// same as `Default`); the setters below add them.
+    /// No promises: not reentrant, polling, no leases, not fair, no fencing, no renewal, no
+    /// semaphore (the same as `Default`); the setters below add them.
     pub const fn new() -> Self {
         Self {
             reentrant: false,
@@ -121,6 +127,7 @@ impl Capabilities {
             fair: false,
             fencing: Fencing::None,
             renewal: false,
+            semaphore: false,
         }
     }
 
@@ -166,6 +173,13 @@ impl Capabilities {
         self
     }
 
+    /// Sets [`semaphore`](Capabilities#structfield.semaphore).
+    #[must_use]
+    pub const fn semaphore(mut self, semaphore: bool) -> Self {
+        self.semaphore = semaphore;
+        self
+    }
+
     /// Whether grants expire by themselves when not renewed, per lock.
     pub fn per_lock_ttl(&self) -> bool {
         self.ttl.kind == LeaseKind::PerLock
@@ -202,12 +216,13 @@ impl Capabilities {
             Blocking::Signal => "signal (the server wakes waiters where it can; else poll)",
         };
         format!(
-            "- [{}] reentrant\n- [x] blocking: {blocking}\n- [{}] ttl: {ttl}\n- [{}] fair (FIFO)\n- [{}] fencing: {fencing}\n- [{}] renewal (watchdog)\n",
+            "- [{}] reentrant\n- [x] blocking: {blocking}\n- [{}] ttl: {ttl}\n- [{}] fair (FIFO)\n- [{}] fencing: {fencing}\n- [{}] renewal (watchdog)\n- [{}] semaphore (counting permits)\n",
             tick(self.reentrant),
             tick(self.ttl.kind != LeaseKind::None),
             tick(self.fair),
             tick(self.fencing_tokens()),
             tick(self.renewal),
+            tick(self.semaphore),
         )
     }
 }

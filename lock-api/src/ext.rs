@@ -51,6 +51,51 @@ pub trait LockExt {
         options: &LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send;
 
+    /// Takes a permit of the semaphore `name`, which admits `max` holders at once, if one is
+    /// free, with `options` (its wait bound is ignored); `None` if all `max` are held. A permit
+    /// is a grant like a lock's, and its guard has the lock guard's surface: its own token
+    /// (from the name's one counter, so every permit's is higher than any before it), its own
+    /// lease and watchdog, `lost()`, `safe_until()`, `release()`, release on drop.
+    ///
+    /// `max` is 1 to [`MAX_PERMITS`](crate::MAX_PERMITS) (a semaphore of 1 is the lock of the
+    /// same name); while permits are held, asking with another `max` is `InvalidArgument`.
+    /// `Unsupported` on a backend without semaphores
+    /// ([`Capabilities::semaphore`](crate::Capabilities::semaphore)), before any request.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use distlock_api::{ErrorKind, LockExt, LockOptions, MemoryLock};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = Arc::new(MemoryLock::new());
+    /// let opts = LockOptions::new();
+    /// let a = locks.try_permit("workers", 2, &opts).await?.expect("2 free");
+    /// let b = locks.try_permit("workers", 2, &opts).await?.expect("1 free");
+    /// assert!(locks.try_permit("workers", 2, &opts).await?.is_none()); // both held
+    /// assert!(b.token() > a.token());
+    /// let err = locks.try_permit("workers", 3, &opts).await.unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidArgument); // held as a semaphore of 2
+    /// assert!(a.release().await?);
+    /// assert!(locks.try_permit("workers", 2, &opts).await?.is_some());
+    /// # Ok::<_, distlock_api::Error>(())
+    /// # }).unwrap();
+    /// ```
+    fn try_permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send;
+
+    /// Takes a permit of the semaphore `name` of `max` permits, waiting up to `options.wait`
+    /// (no wait if unset); see [`try_permit`](Self::try_permit).
+    fn permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send;
+
     /// Who holds `name`, if anyone.
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send;
 
@@ -107,11 +152,11 @@ pub trait LockExt {
 // a whole lock cycle, and nobody needs `LockExt` itself as a trait object.
 impl LockExt for Arc<dyn DistributedLock> {
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        try_lock_with(self, name, None, None)
+        try_lock_with(self, name, None, 1, None)
     }
 
     fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
-        lock_with(self, name, None, Some(wait))
+        lock_with(self, name, None, 1, Some(wait))
     }
 
     fn try_lock_with(
@@ -119,7 +164,7 @@ impl LockExt for Arc<dyn DistributedLock> {
         name: &str,
         options: &LockOptions,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        try_lock_with(self, name, Some(options), None)
+        try_lock_with(self, name, Some(options), 1, None)
     }
 
     fn lock_with(
@@ -127,7 +172,25 @@ impl LockExt for Arc<dyn DistributedLock> {
         name: &str,
         options: &LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send {
-        lock_with(self, name, Some(options), options.wait)
+        lock_with(self, name, Some(options), 1, options.wait)
+    }
+
+    fn try_permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        try_lock_with(self, name, Some(options), max, None)
+    }
+
+    fn permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        lock_with(self, name, Some(options), max, options.wait)
     }
 
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
@@ -164,12 +227,12 @@ impl LockExt for Arc<dyn DistributedLock> {
 impl<B: DistributedLock> LockExt for Arc<B> {
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { try_lock_with(&this, name, None, None).await }
+        async move { try_lock_with(&this, name, None, 1, None).await }
     }
 
     fn lock(&self, name: &str, wait: Duration) -> impl Future<Output = Result<LockGuard>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { lock_with(&this, name, None, Some(wait)).await }
+        async move { lock_with(&this, name, None, 1, Some(wait)).await }
     }
 
     fn try_lock_with(
@@ -178,7 +241,7 @@ impl<B: DistributedLock> LockExt for Arc<B> {
         options: &LockOptions,
     ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { try_lock_with(&this, name, Some(options), None).await }
+        async move { try_lock_with(&this, name, Some(options), 1, None).await }
     }
 
     fn lock_with(
@@ -187,7 +250,27 @@ impl<B: DistributedLock> LockExt for Arc<B> {
         options: &LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
-        async move { lock_with(&this, name, Some(options), options.wait).await }
+        async move { lock_with(&this, name, Some(options), 1, options.wait).await }
+    }
+
+    fn try_permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { try_lock_with(&this, name, Some(options), max, None).await }
+    }
+
+    fn permit(
+        &self,
+        name: &str,
+        max: u32,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        let this: Arc<dyn DistributedLock> = self.clone();
+        async move { lock_with(&this, name, Some(options), max, options.wait).await }
     }
 
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send {
@@ -236,7 +319,7 @@ where
     Fut: Future<Output = T> + Send,
     T: Send,
 {
-    let guard = lock_with(this, name, Some(options), options.wait).await?;
+    let guard = lock_with(this, name, Some(options), 1, options.wait).await?;
     let lost = guard.lost();
     let outcome = tokio::select! {
         // The work first: when both are ready, work that finished is not thrown away.

@@ -10,6 +10,8 @@ use crate::name::{LockName, OwnerId};
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The longest a caller may wait for a lock.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The most permits a semaphore may have.
+pub const MAX_PERMITS: u32 = 10_000;
 
 /// A number that is strictly greater than every token issued earlier for the same lock name,
 /// across release, expiry, takeover and owner changes. Pass it to the resource you protect and
@@ -33,14 +35,41 @@ pub struct AcquireRequest {
     pub owner: OwnerId,
     /// The lease asked for. Backends with session-bound leases ignore it.
     pub ttl: Duration,
+    /// How many grants of the name may be held at once: 1 for a lock, the semaphore's `max`
+    /// for a permit. A backend stores it with the name while any grant is held, and refuses a
+    /// request with another number meanwhile (`InvalidArgument`).
+    pub permits: u32,
 }
 
 impl AcquireRequest {
-    /// Builds a request, rejecting a zero or too long TTL with `InvalidArgument`.
+    /// Builds a request for the lock (one permit), rejecting a zero or too long TTL with
+    /// `InvalidArgument`.
     pub fn new(name: LockName, owner: OwnerId, ttl: Duration) -> Result<Self> {
         check_ttl(ttl).map_err(|e| e.with_lock(&name))?;
-        Ok(Self { name, owner, ttl })
+        Ok(Self {
+            name,
+            owner,
+            ttl,
+            permits: 1,
+        })
     }
+
+    /// The request for a permit of a semaphore of `permits` (1 to [`MAX_PERMITS`]).
+    pub fn with_permits(mut self, permits: u32) -> Result<Self> {
+        check_permits(permits).map_err(|e| e.with_lock(&self.name))?;
+        self.permits = permits;
+        Ok(self)
+    }
+}
+
+/// Rejects a semaphore of no permits or of more than [`MAX_PERMITS`].
+pub(crate) fn check_permits(permits: u32) -> Result<()> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::invalid(format!(
+            "a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"
+        )));
+    }
+    Ok(())
 }
 
 /// Rejects a zero or too long lease.
@@ -91,6 +120,9 @@ pub struct Grant {
     /// Backend-specific identity of the grant that release and renew receive back (an etcd key,
     /// a ZooKeeper node path). Empty where the name and owner suffice.
     pub key: String,
+    /// The permits of the name when it was granted: 1 for a lock, the semaphore's `max` for a
+    /// permit (the request's [`AcquireRequest::permits`], which the client sets here).
+    pub permits: u32,
 }
 
 impl Grant {
@@ -113,6 +145,7 @@ impl Grant {
             ttl,
             sent_at,
             key: String::new(),
+            permits: 1,
         }
     }
 
@@ -139,6 +172,9 @@ pub struct LockInfo {
     pub token: FencingToken,
     /// The lease left, by the server's clock; `None` for session-bound or unleased locks.
     pub remaining: Option<Duration>,
+    /// For a semaphore: how many permits are held, and of how many. A lock is `(1, 1)`; the
+    /// other fields then describe the oldest permit held.
+    pub permits: (u32, u32),
     /// When the current grant began, by the server's clock, where the server keeps it (`None`
     /// where it does not). Re-entries and renewals do not move it. For display: it comes from
     /// another machine's clock, so never compare it with the local clock to judge a lease.
@@ -159,7 +195,14 @@ impl LockInfo {
             token,
             remaining,
             since: None,
+            permits: (1, 1),
         }
+    }
+
+    /// Sets how many permits of how many are held (a semaphore).
+    pub fn with_permits(mut self, held: u32, max: u32) -> Self {
+        self.permits = (held, max);
+        self
     }
 
     /// Sets when the current grant began, by the server's clock.

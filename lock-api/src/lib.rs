@@ -67,7 +67,7 @@ pub use config::ClientOptions;
 pub use descriptor::{BackendDescriptor, ConnectFn, MEMORY};
 pub use error::{Error, ErrorKind, LostReason, Result};
 pub use ext::LockExt;
-pub use grant::{FencingToken, Grant, LockInfo, MAX_TTL, MAX_WAIT};
+pub use grant::{FencingToken, Grant, LockInfo, MAX_PERMITS, MAX_TTL, MAX_WAIT};
 pub use guard::LockGuard;
 pub use lock::{DistributedLock, SharedLock, DEFAULT_TTL};
 pub use memory::{MemoryLock, MemoryStore};

@@ -353,6 +353,7 @@ mod tests {
             name: name.clone(),
             owner: crate::name::OwnerId::new(owner).unwrap(),
             ttl: Duration::from_secs(1),
+            permits: 1,
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use distlock_api::{
     Capabilities, DistributedLock, ErrorKind, FencingToken, LeaseKind, LockExt, LockGuard,
-    LockName, LockOptions, LostReason, OwnerId, MAX_TTL, MAX_WAIT,
+    LockName, LockOptions, LostReason, OwnerId, MAX_PERMITS, MAX_TTL, MAX_WAIT,
 };
 use futures::future::join_all;
 
@@ -26,6 +26,7 @@ mod ownership;
 mod reentrancy;
 mod safe_until;
 mod scoped;
+mod semaphore;
 mod waiting;
 mod workload;
 
@@ -41,6 +42,7 @@ use ownership::*;
 use reentrancy::*;
 use safe_until::*;
 use scoped::*;
+use semaphore::*;
 use waiting::*;
 use workload::*;
 
@@ -85,6 +87,18 @@ fn fair(c: &Capabilities, _: bool) -> Gate {
 }
 fn fencing(c: &Capabilities, _: bool) -> Gate {
     c.fencing_tokens().then_some(()).ok_or("no fencing tokens")
+}
+fn semaphore(c: &Capabilities, _: bool) -> Gate {
+    c.semaphore.then_some(()).ok_or("no semaphores")
+}
+fn no_semaphore(c: &Capabilities, _: bool) -> Gate {
+    (!c.semaphore).then_some(()).ok_or("has semaphores")
+}
+fn semaphore_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
+    semaphore(c, r).and(per_lock_ttl(c, r))
+}
+fn semaphore_reentrant(c: &Capabilities, r: bool) -> Gate {
+    semaphore(c, r).and(reentrant(c, r))
 }
 fn fencing_per_lock(c: &Capabilities, r: bool) -> Gate {
     fencing(c, r).and(per_lock_ttl(c, r))
@@ -178,6 +192,14 @@ cases! {
     force_release_frees_only_the_grant_of_its_token: always,
     holder_tells_when_the_grant_began: always,
     a_mixed_workload_with_reentry_never_has_two_holders: always,
+    permits_out_of_range_are_invalid_argument: always,
+    permits_are_unsupported_without_a_semaphore: no_semaphore,
+    never_more_than_max_permits_are_held_at_once: semaphore,
+    permit_tokens_rise_across_all_permits: semaphore,
+    a_conflicting_max_is_refused_while_permits_are_held: semaphore,
+    a_release_wakes_a_permit_waiter: semaphore,
+    a_dead_holders_permit_returns_by_its_lease: semaphore_per_lock_ttl,
+    a_permit_reenters_its_own_grant: semaphore_reentrant,
 }
 
 // Helpers shared by the topics.

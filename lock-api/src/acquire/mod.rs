@@ -39,16 +39,18 @@ static DEFAULT_OPTIONS: LockOptions = LockOptions {
 };
 
 /// `try_lock`: one attempt at the server, cancellation-safe; `None` if the lock is held.
-/// `reenter`: the owner of a held guard, for [`LockGuard::reenter`].
+/// `permits`: 1 for a lock, the semaphore's `max` for a permit. `reenter`: the owner of a held
+/// guard, for [`LockGuard::reenter`].
 pub(crate) async fn try_lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
     options: Option<&LockOptions>,
+    permits: u32,
     reenter: Option<&OwnerId>,
 ) -> Result<Option<LockGuard>> {
     spend_budget().await;
     let options = options.unwrap_or(&DEFAULT_OPTIONS);
-    let (req, keeping) = Plan::new(&**this, name, options, None, reenter)?.request(name);
+    let (req, keeping) = Plan::new(&**this, name, options, permits, None, reenter)?.request(name);
     let backend = this.core().backend();
     let span = observe::acquire_span(backend, name, false);
     let started = observe::stamp();
@@ -70,16 +72,18 @@ pub(crate) async fn try_lock_with(
     result
 }
 
-/// `lock`: waits up to `wait` (none: one attempt) the backend's way.
+/// `lock`: waits up to `wait` (none: one attempt) the backend's way; `permits` as for
+/// [`try_lock_with`].
 pub(crate) async fn lock_with(
     this: &Arc<dyn DistributedLock>,
     name: &str,
     options: Option<&LockOptions>,
+    permits: u32,
     wait: Option<Duration>,
 ) -> Result<LockGuard> {
     spend_budget().await;
     let options = options.unwrap_or(&DEFAULT_OPTIONS);
-    let (req, keeping) = Plan::new(&**this, name, options, wait, None)?.request(name);
+    let (req, keeping) = Plan::new(&**this, name, options, permits, wait, None)?.request(name);
     let backend = this.core().backend();
     let span = observe::acquire_span(backend, name, true);
     let started = observe::stamp();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::capability::LeaseKind;
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{check_wait, AcquireRequest, Grant};
+use crate::grant::{check_permits, check_wait, AcquireRequest, Grant};
 use crate::guard::LockGuard;
 use crate::lock::DistributedLock;
 use crate::name::{check_name, LockName, OwnerId};
@@ -16,6 +16,7 @@ pub(super) struct Plan {
     /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::backend::ClientCore::owner_for)).
     owner: OwnerId,
     ttl: Duration,
+    permits: u32,
     renew: Option<Duration>,
     leased: bool,
 }
@@ -25,6 +26,7 @@ impl Plan {
         backend: &dyn DistributedLock,
         name: &str,
         options: &LockOptions,
+        permits: u32,
         wait: Option<Duration>,
         reenter: Option<&OwnerId>,
     ) -> Result<Self> {
@@ -39,6 +41,7 @@ impl Plan {
         if let Some(wait) = wait {
             check_wait(wait).map_err(with_ctx)?;
         }
+        check_permits(permits).map_err(with_ctx)?;
         // The client's default TTL was checked when it was set.
         let (ttl, renew) = match options.lease {
             Lease::Watchdog => (core.default_ttl(), Some(core.default_ttl())),
@@ -46,6 +49,13 @@ impl Plan {
             Lease::Fixed(ttl) => (ttl, None),
         };
         let caps = backend.capabilities();
+        if permits > 1 && !caps.semaphore {
+            return Err(with_ctx(Error::new(
+                ErrorKind::Unsupported,
+                "this backend has no semaphores: a name admits one holder (see the backend's \
+                 docs for why)",
+            )));
+        }
         if renew.is_none() && caps.ttl.kind != LeaseKind::PerLock {
             return Err(with_ctx(Error::new(
                 ErrorKind::Unsupported,
@@ -61,6 +71,7 @@ impl Plan {
         Ok(Self {
             owner,
             ttl,
+            permits,
             renew,
             leased: caps.ttl.kind != LeaseKind::None,
         })
@@ -72,12 +83,14 @@ impl Plan {
             name: LockName::checked(name),
             owner: self.owner,
             ttl: self.ttl,
+            permits: self.permits,
         };
         (
             req,
             Keeping {
                 renew: self.renew,
                 leased: self.leased,
+                permits: self.permits,
             },
         )
     }
@@ -87,11 +100,13 @@ impl Plan {
 pub(super) struct Keeping {
     pub(super) renew: Option<Duration>,
     pub(super) leased: bool,
+    pub(super) permits: u32,
 }
 
 impl Keeping {
     /// The guard of `grant`, handed to the backend's keeper.
-    pub(super) fn guard(self, backend: &Arc<dyn DistributedLock>, grant: Grant) -> LockGuard {
+    pub(super) fn guard(self, backend: &Arc<dyn DistributedLock>, mut grant: Grant) -> LockGuard {
+        grant.permits = self.permits;
         LockGuard::new(backend.clone(), grant, self.renew, self.leased)
     }
 }

@@ -81,7 +81,16 @@ async fn reenter(
             &format!("cannot re-enter a lock this guard no longer holds ({why})"),
         );
     }
-    match try_lock_with(this, name.as_str(), Some(options), Some(held.owner())).await? {
+    let permits = held.grant().permits;
+    match try_lock_with(
+        this,
+        name.as_str(),
+        Some(options),
+        permits,
+        Some(held.owner()),
+    )
+    .await?
+    {
         Some(g) if g.token() == held.token() => Ok(g),
         Some(g) => {
             // The hold ended and the owner was granted afresh: not the hold being re-entered.

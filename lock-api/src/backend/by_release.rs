@@ -38,6 +38,7 @@ pub async fn force_release_by_releases<B: DistributedLock + ?Sized>(
         token,
         sent_at: Instant::now(),
         key: String::new(),
+        permits: info.permits.1,
     };
     // The holder may re-enter meanwhile, adding holds: give them up until the grant holds
     // no more, within a bound so that a holder re-entering without end cannot keep this
@@ -77,6 +78,7 @@ pub async fn give_back_by_release<B: DistributedLock + ?Sized>(
                 ttl,
                 sent_at: Instant::now(),
                 key: String::new(),
+                permits: info.permits.1,
             };
             backend.release(&grant).await
         }

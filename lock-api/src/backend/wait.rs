@@ -444,6 +444,7 @@ mod tests {
             ttl: Duration::from_secs(1),
             sent_at: Instant::now(),
             key: String::new(),
+            permits: 1,
         }
     }
 

@@ -30,9 +30,7 @@ impl LeaseKeeper for MemoryStore {
         core.note_runtime();
         if let Some(ttl) = renew {
             let mut s = self.lock();
-            let holder = s
-                .find(&grant.name, None)
-                .and_then(|slot| slot.holder_of(&grant));
+            let holder = s.find(&grant.name).and_then(|slot| slot.holder_of(&grant));
             if let Some(h) = holder {
                 h.kept += 1;
                 h.kept_ttl = h.kept_ttl.max(ttl);

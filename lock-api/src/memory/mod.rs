@@ -2,7 +2,8 @@
 //!
 //! A [`MemoryStore`] plays the server; each [`MemoryLock`] is one client of it with its own
 //! owner id. Waiters queue per name and the releasing holder hands the lock to the first live
-//! waiter, so waiting is notice-driven and FIFO.
+//! waiter, so waiting is notice-driven and FIFO. A name may be a semaphore: up to its `permits`
+//! holders at once, each with a grant, token and lease of its own.
 //!
 //! The store also plays the watchdog for the guards the conveniences hand out: it keeps a
 //! watchdog-managed lease alive while its guard lives (the renewals could not fail: client and
@@ -11,20 +12,22 @@
 //! attempts, its own queue ([`Waiting::Queue`]), and releases sent when the guard lets go.
 
 mod keeper;
+mod slot;
 mod store;
 
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::backend::give_back_by_release;
 use crate::backend::wait::{Attempt, Waiting};
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, Profile, TtlSupport};
-use crate::error::LostReason;
 use crate::error::Result;
 use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::lock::{ClientCore, DistributedLock, LeaseKeeper};
 use crate::name::{LockName, OwnerId};
+
+use slot::Refused;
+use store::other_permits;
 
 pub use store::MemoryStore;
 pub(crate) use store::BACKEND;
@@ -40,7 +43,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(true)
     .fencing(Fencing::Volatile)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
 /// [`MemoryStore::client`] for several clients of one store.
@@ -106,16 +110,16 @@ impl DistributedLock for MemoryLock {
         // Acquires spend it, releases do not: a loop that releases also acquires. (The
         // conveniences spend it too, before the attempt.)
         tokio::task::coop::consume_budget().await;
-        Ok(
-            match self
-                .store
-                .grant(req.name.as_str(), req.owner.clone(), req.ttl, false)
-            {
-                Ok((grant, _)) => Attempt::Granted(grant),
-                // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
-                Err(_) => Attempt::Held { expires_in: None },
-            },
-        )
+        let owner = req.owner.clone();
+        match self
+            .store
+            .grant(req.name.as_str(), owner, req.ttl, req.permits)
+        {
+            Ok(grant) => Ok(Attempt::Granted(grant)),
+            // The store wakes its own waiters ([`Waiting::Queue`]): no expiry to poll by.
+            Err(Refused::Held) => Ok(Attempt::Held { expires_in: None }),
+            Err(Refused::Permits(held)) => Err(other_permits(req, held)),
+        }
     }
 
     fn keeper(&self) -> &dyn LeaseKeeper {
@@ -123,7 +127,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn acquire(&self, req: &AcquireRequest, wait: Duration) -> Result<Grant> {
-        self.store.queue(req, wait, false).await
+        self.store.queue(req, wait).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
@@ -134,7 +138,7 @@ impl DistributedLock for MemoryLock {
         let mut s = self.store.lock();
         let now = Instant::now();
         let holder = s
-            .find(&grant.name, None)
+            .find(&grant.name)
             .and_then(|slot| slot.holder_of(grant))
             .filter(|h| h.live(now));
         match holder {
@@ -155,7 +159,7 @@ impl DistributedLock for MemoryLock {
         tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        let Some(slot) = s.find(name, None) else {
+        let Some(slot) = s.find(name) else {
             return Ok(None);
         };
         Ok(slot.info(now))
@@ -175,25 +179,36 @@ impl DistributedLock for MemoryLock {
         Ok(held)
     }
 
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
-        give_back_by_release(self, name, owner, ttl).await
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
+        // By the owner's own permit, which `inspect` (the oldest holder's) may not show.
+        let accounted = self.core.holds_accounted(name, owner);
+        let mut s = self.store.lock();
+        let Some(slot) = s.find(name) else {
+            return Ok(false);
+        };
+        let held = slot
+            .holders
+            .iter()
+            .find(|h| h.owner == *owner && h.count > accounted)
+            .map(|h| (h.token, h.count));
+        Ok(held.is_some_and(|(token, count)| {
+            let grant = Grant::new(
+                name.clone(),
+                owner.clone(),
+                token,
+                count,
+                Duration::ZERO,
+                Instant::now(),
+            );
+            slot.release(&grant)
+        }))
     }
 
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
         tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        let Some(slot) = s.find(name, None) else {
-            return Ok(false);
-        };
-        slot.dispatch(now);
-        if slot.holder.as_ref().is_none_or(|h| h.token != token) {
-            return Ok(false);
-        }
-        slot.end_holder(Some(LostReason::Taken(
-            "force-released by an operator".to_string(),
-        )));
-        slot.dispatch(now);
-        Ok(true)
+        Ok(s.find(name)
+            .is_some_and(|slot| slot.force_release(token, now)))
     }
 }
