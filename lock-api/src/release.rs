@@ -19,9 +19,10 @@ use crate::wakes::{Handed, Offer};
 ///
 /// On a backend that [hands locks over](crate::Profile::hands_over), a waiter of this handle
 /// for the name that offered to take the lock gets it in the same request
-/// ([`hand_over`]).
+/// ([`hand_over`]); a semaphore's permit is not handed over (the backends' hand-over is the
+/// lock's), its release wakes the handle's waiters instead.
 pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -> Result<bool> {
-    if backend.profile().hands_over {
+    if backend.profile().hands_over && grant.permits == 1 {
         if let Some(offer) = backend.core().wakes().claim(&grant.name) {
             return hand_over(backend, grant, offer).await;
         }

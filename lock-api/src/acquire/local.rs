@@ -58,7 +58,7 @@ pub(super) async fn offering(
     stash: &Stash,
     wait: impl Future<Output = ()>,
 ) {
-    if !this.profile().hands_over {
+    if !this.profile().hands_over || req.permits > 1 {
         return wait.await;
     }
     let mut offered = local.offer(req);
@@ -85,7 +85,7 @@ pub(super) async fn turn_or_handed(
     deadline: Instant,
 ) -> std::result::Result<Option<tokio::sync::OwnedSemaphorePermit>, Handed> {
     let turn = local.turn(deadline);
-    if !this.profile().hands_over {
+    if !this.profile().hands_over || req.permits > 1 {
         return Ok(turn.await);
     }
     tokio::pin!(turn);
