@@ -1,45 +1,23 @@
-//! Same-handle waiting for backends that poll: one waiter of a client handle polls the server
-//! for a name at a time, the others queue in the handle in the order they came (FIFO), and a
-//! release through the handle wakes the polling one at once instead of at its next backoff
-//! step. Waiters of other handles (other processes) still find the lock free by polling.
-//!
-//! On a backend that [hands locks over](crate::Profile::hands_over), a waiter between
-//! attempts also offers to take the lock straight from a releasing guard of its handle
-//! ([`LocalWaiter::offer`]): the release and its grant are then one request, and the grant
-//! reaches the waiter through the offer. The handle passes a lock on at most
+//! Hand-over offers: on a backend that [hands locks over](crate::Profile::hands_over), a
+//! waiter between attempts offers to take the lock straight from a releasing guard of its
+//! handle ([`LocalWaiter::offer`]): the release and its grant are then one request, and the
+//! grant reaches the waiter through the offer. The handle passes a lock on at most
 //! [`HANDED_IN_A_ROW`] times in a row; the release after that frees it, and wakes the handle's
 //! own waiters no sooner than the server's notices (or their polling) wake other clients', so
 //! that waiters of other handles get their chance.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::grant::{AcquireRequest, Grant};
 use crate::name::LockName;
 
+use super::{LocalWaiter, LocalWakes};
+
 /// How many times in a row a handle passes a lock to its own waiters before a release frees it
 /// on the server instead (where any client may take it).
 pub const HANDED_IN_A_ROW: u32 = 16;
-
-/// The waiters of one name in one handle: a counter of releases, which they watch, and the turn
-/// to poll, which they take one at a time in FIFO order (Tokio's semaphore queues fairly).
-struct NameWaiters {
-    releases: watch::Sender<u64>,
-    turn: Arc<Semaphore>,
-    handed: Arc<AtomicU64>,
-    /// Waiters between attempts that take the lock straight from a release, in the order the
-    /// waiters arrived (a waiter that offers again after an attempt keeps its place).
-    offers: VecDeque<Offer>,
-    /// Hand-overs since the last release that freed the lock.
-    in_a_row: u32,
-    /// The release under way frees the lock after [`HANDED_IN_A_ROW`] hand-overs: it does not
-    /// wake these waiters at once, so that they find out as other clients' waiters do.
-    let_go: bool,
-}
 
 /// A waiter's offer to take the lock from a release of its handle.
 pub(crate) struct Offer {
@@ -93,50 +71,7 @@ impl Drop for Handed {
     }
 }
 
-/// The polling waiters of one client handle, by lock name.
-#[derive(Default)]
-pub(crate) struct LocalWakes {
-    names: Mutex<HashMap<LockName, NameWaiters>>,
-}
-
 impl LocalWakes {
-    fn names(&self) -> MutexGuard<'_, HashMap<LockName, NameWaiters>> {
-        // Every update is one insert, remove or counter bump: a poisoned map is consistent.
-        self.names.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Registers a waiter for `name` until the returned value drops.
-    pub(crate) fn waiter(&self, name: &LockName) -> LocalWaiter<'_> {
-        let mut names = self.names();
-        let entry = names.entry(name.clone()).or_insert_with(|| NameWaiters {
-            releases: watch::channel(0).0,
-            turn: Arc::new(Semaphore::new(1)),
-            handed: Arc::default(),
-            offers: VecDeque::new(),
-            in_a_row: 0,
-            let_go: false,
-        });
-        static ARRIVALS: AtomicU64 = AtomicU64::new(0);
-        LocalWaiter {
-            wakes: self,
-            seq: ARRIVALS.fetch_add(1, Ordering::Relaxed),
-            name: name.clone(),
-            rx: entry.releases.subscribe(),
-            turn: entry.turn.clone(),
-            handed: entry.handed.clone(),
-        }
-    }
-
-    /// A release of `name` went through this handle: wakes its waiters for the name, if any.
-    pub(crate) fn released(&self, name: &LockName) {
-        if let Some(w) = self.names().get_mut(name) {
-            w.in_a_row = 0;
-            if !std::mem::take(&mut w.let_go) {
-                w.releases.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-    }
-
     /// The oldest offer of a waiter for `name` that is still waiting, for a release to hand
     /// the lock to; `None` if there is none, or if the handle has passed the lock on
     /// [`HANDED_IN_A_ROW`] times in a row (this release frees it).
@@ -156,61 +91,9 @@ impl LocalWakes {
         }
         None
     }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.names().len()
-    }
-}
-
-/// One polling waiter's registration.
-pub(crate) struct LocalWaiter<'a> {
-    wakes: &'a LocalWakes,
-    /// When it arrived, among all waiters: its offers take their place in line by it.
-    seq: u64,
-    name: LockName,
-    rx: watch::Receiver<u64>,
-    turn: Arc<Semaphore>,
-    /// Set by a turn holder that won the lock: 1 + the releases counted then (0: not set).
-    handed: Arc<AtomicU64>,
 }
 
 impl LocalWaiter<'_> {
-    /// This waiter, holding the turn, won the lock: the next one to take the turn knows the
-    /// lock is held through this handle, and waits for its release before asking the server.
-    pub(crate) fn won(&self) {
-        self.handed
-            .store(self.releases().wrapping_add(1), Ordering::Release);
-    }
-
-    /// Whether the turn just taken was passed on by a waiter that won the lock, and the
-    /// releases counted then (for [`wait`](Self::wait)).
-    pub(crate) fn passed_by_a_winner(&self) -> Option<u64> {
-        match self.handed.swap(0, Ordering::AcqRel) {
-            0 => None,
-            n => Some(n.wrapping_sub(1)),
-        }
-    }
-
-    /// Waits for this waiter's turn to poll the server for the name, which it has until the
-    /// returned permit drops: the handle's waiters for a name take it one at a time, in the
-    /// order they asked. `None` if `deadline` came first.
-    pub(crate) async fn turn(&self, deadline: Instant) -> Option<OwnedSemaphorePermit> {
-        let turn = self.turn.clone().acquire_owned();
-        // The semaphore is never closed: an error cannot happen, and would read as no turn.
-        tokio::time::timeout_at(deadline.into(), turn)
-            .await
-            .ok()
-            .and_then(Result::ok)
-    }
-
-    /// How many releases of the name this handle has made while waiters watched: read before an
-    /// attempt, and passed to [`wait`](Self::wait) after it, so a release that lands while the
-    /// attempt is in flight still wakes the wait that follows.
-    pub(crate) fn releases(&self) -> u64 {
-        *self.rx.borrow()
-    }
-
     /// Offers to take the lock from a release through this handle until the returned value is
     /// [withdrawn](Offered::withdraw) or dropped.
     pub(crate) fn offer(&self, req: &AcquireRequest) -> Offered<'_> {
@@ -236,15 +119,6 @@ impl LocalWaiter<'_> {
             name: &self.name,
             id,
             from,
-        }
-    }
-
-    /// Returns after `max`, or at once when the handle has released the name since `seen`.
-    pub(crate) async fn wait(&self, seen: u64, max: Duration) {
-        let mut rx = self.rx.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(max) => {}
-            _ = rx.wait_for(|n| *n != seen) => {}
         }
     }
 }
@@ -297,56 +171,11 @@ impl Drop for Offered<'_> {
     }
 }
 
-impl Drop for LocalWaiter<'_> {
-    fn drop(&mut self) {
-        let mut names = self.wakes.names();
-        // Only this waiter's receiver is left: the name has no waiters any more.
-        if names
-            .get(&self.name)
-            .is_some_and(|w| w.releases.receiver_count() <= 1)
-        {
-            names.remove(&self.name);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use tokio::time::Instant;
+    use std::time::Duration;
 
-    // Paused time: the clock moves only when every task waits, so the durations below are
-    // exact, not measured against a busy machine.
-    #[tokio::test(start_paused = true)]
-    async fn a_release_wakes_a_waiter_also_when_it_landed_during_the_attempt() {
-        let wakes = LocalWakes::default();
-        let name = LockName::new("n").unwrap();
-        let waiter = wakes.waiter(&name);
-        let seen = waiter.releases();
-        // The release lands between the attempt and the wait.
-        wakes.released(&name);
-        let started = Instant::now();
-        waiter.wait(seen, Duration::from_secs(60)).await;
-        assert_eq!(
-            started.elapsed(),
-            Duration::ZERO,
-            "woken at once, not at the bound"
-        );
-        // With nothing new released, the wait runs to its bound.
-        let seen = waiter.releases();
-        let started = Instant::now();
-        waiter.wait(seen, Duration::from_secs(60)).await;
-        assert_eq!(started.elapsed(), Duration::from_secs(60));
-        // A release while it waits wakes it then.
-        let seen = waiter.releases();
-        let started = Instant::now();
-        let release = async {
-            tokio::time::sleep(Duration::from_secs(7)).await;
-            wakes.released(&name);
-        };
-        tokio::join!(waiter.wait(seen, Duration::from_secs(60)), release);
-        assert_eq!(started.elapsed(), Duration::from_secs(7));
-    }
+    use super::*;
 
     fn request(name: &LockName, owner: &str) -> AcquireRequest {
         AcquireRequest {
@@ -416,23 +245,5 @@ mod tests {
             assert_eq!(claimed.req.owner, request(&name, owner).owner);
         }
         drop((a, b, c));
-    }
-
-    #[tokio::test]
-    async fn names_without_waiters_are_forgotten_and_releases_of_them_cost_nothing() {
-        let wakes = LocalWakes::default();
-        let (a, b) = (LockName::new("a").unwrap(), LockName::new("b").unwrap());
-        wakes.released(&a);
-        assert_eq!(wakes.len(), 0);
-        let first = wakes.waiter(&a);
-        let second = wakes.waiter(&a);
-        let other = wakes.waiter(&b);
-        assert_eq!(wakes.len(), 2);
-        drop(first);
-        assert_eq!(wakes.len(), 2, "a waiter for a is left");
-        drop(second);
-        assert_eq!(wakes.len(), 1);
-        drop(other);
-        assert_eq!(wakes.len(), 0);
     }
 }
