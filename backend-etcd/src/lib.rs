@@ -4,6 +4,7 @@
 
 mod backend;
 mod config;
+mod count_down;
 mod endpoints;
 mod error;
 mod holds;

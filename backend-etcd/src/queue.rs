@@ -1,7 +1,6 @@
 //! The queue: a contender's entry key under the lock's directory, the oldest entry holding the
 //! lock, and every waiter watching the delete of the entry just before its own.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +11,7 @@ use distlock_api::{Error, ErrorKind, Grant, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::count_down::Older;
 use crate::holds::{
     entries, lock, put_count, range_count, range_result, Gated, Holds, Pending, Repair, Shared,
 };
@@ -26,20 +26,6 @@ pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
 /// (a queue at most this deep) and was subscribed to the directory's deletes before it read
 /// them takes its turn when the last of them is deleted, with no further read.
 const QUEUE_READ: i64 = 64;
-
-/// The entries older than a waiter's own, by key, with their create-revisions: complete as of
-/// the waiter's queueing read. Once every one is deleted, its entry is the oldest.
-pub(crate) type Older = HashMap<Vec<u8>, i64>;
-
-/// How a wait on the older entries ended.
-enum AllGone {
-    /// Every older entry is deleted.
-    Yes,
-    /// The subscription fell behind: the count is no longer complete.
-    Lagged,
-    /// The watch broke: neither the count nor the subscription is any good.
-    Broken,
-}
 
 /// The entry a waiter waits on: the next-lower one.
 #[derive(Clone, Debug)]
@@ -327,25 +313,10 @@ impl Shared {
                 if let Some(pred) = pred {
                     let mut sub = lock(subscription).take();
                     let mut counting = lock(older).take().filter(|_| sub.is_some());
-                    if let (Some(set), Some(events)) = (&mut counting, &mut sub) {
-                        // Our own entry goes with the lease: then there is nothing left to
-                        // wait for.
-                        let woken = async {
-                            tokio::select! {
-                                gone = self.wait_all_gone(set, events) => Some(gone),
-                                _ = self.lease.gone(turn.lease.id) => None,
-                            }
-                        };
-                        match tokio::time::timeout(max, woken).await {
-                            Ok(Some(AllGone::Yes)) => first_now.store(true, Ordering::SeqCst),
-                            // Fell behind or broke: back to watching the predecessor, after a
-                            // read of the queue.
-                            Ok(Some(AllGone::Lagged)) => counting = None,
-                            Ok(Some(AllGone::Broken)) => {
-                                (counting, sub) = (None, None);
-                                tokio::time::sleep(WATCH_RETRY).await;
-                            }
-                            Ok(None) | Err(_) => {}
+                    if counting.is_some() {
+                        let lease = turn.lease.id;
+                        if self.count_down(&mut counting, &mut sub, lease, max).await {
+                            first_now.store(true, Ordering::SeqCst);
                         }
                         *lock(older) = counting;
                         *lock(subscription) = sub;
@@ -375,29 +346,6 @@ impl Shared {
             },
         )
         .await
-    }
-
-    /// Counts `older` down by the deletes `events` sees (a delete at an entry's key after its
-    /// creation); returns when none is left, or when the subscription fell behind or broke
-    /// (the endpoint reported).
-    async fn wait_all_gone(&self, older: &mut Older, events: &mut Subscription) -> AllGone {
-        loop {
-            if older.is_empty() {
-                return AllGone::Yes;
-            }
-            match events.events.recv().await {
-                Ok(Seen::Deleted { key, rev }) => {
-                    if older.get(&key).is_some_and(|&created| rev > created) {
-                        older.remove(&key);
-                    }
-                }
-                Ok(Seen::Broken) | Err(RecvError::Closed) => {
-                    self.endpoints.failed(events.endpoint);
-                    return AllGone::Broken;
-                }
-                Err(RecvError::Lagged(_)) => return AllGone::Lagged,
-            }
-        }
     }
 
     /// The entry just before `turn`'s, if `turn`'s entry still exists; an error if not.
