@@ -200,6 +200,7 @@ cases! {
     a_release_wakes_a_permit_waiter: semaphore,
     a_dead_holders_permit_returns_by_its_lease: semaphore_per_lock_ttl,
     a_permit_reenters_its_own_grant: semaphore_reentrant,
+    a_mixed_workload_of_permits_never_has_more_than_max_holders: semaphore,
 }
 
 // Helpers shared by the topics.

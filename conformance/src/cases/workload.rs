@@ -2,7 +2,8 @@
 //! name, mixing every way in to a lock (try, wait, a wait cancelled part-way) with every way of
 //! holding and letting go (extends shorter and longer, re-entry, releases in either order, drops
 //! in place and on plain threads). What the tasks believed is checked afterwards, over the whole
-//! history, without taking the library's word for when a hold ended.
+//! history, without taking the library's word for when a hold ended. The same workload runs on
+//! a semaphore's permits, where at most `max` holds may be believed at once.
 
 use super::*;
 
@@ -60,6 +61,16 @@ fn surely_held(g: &LockGuard, margin: Duration) -> bool {
 }
 
 pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx) {
+    mixed_workload(cx, 1).await;
+}
+
+pub(super) async fn a_mixed_workload_of_permits_never_has_more_than_max_holders(cx: Ctx) {
+    mixed_workload(cx, 3).await;
+}
+
+/// The workload on `name`, taken as a lock (`permits` 1) or as permits of a semaphore of
+/// `permits`.
+async fn mixed_workload(cx: Ctx, permits: u32) {
     let rounds: u32 = std::env::var("DISTLOCK_WORKLOAD_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -90,15 +101,16 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
                     LockOptions::new()
                 };
                 let got = match dice.roll(3) {
-                    0 => c.try_lock_with(&name, &opts).await,
+                    0 => c.try_permit(&name, permits, &opts).await,
                     1 => {
                         opts = opts.wait(Duration::from_secs(2));
-                        c.lock_with(&name, &opts).await.map(Some)
+                        c.permit(&name, permits, &opts).await.map(Some)
                     }
                     _ => {
                         opts = opts.wait(Duration::from_secs(2));
                         let cancel_after = Duration::from_millis(1 + dice.roll(30));
-                        match tokio::time::timeout(cancel_after, c.lock_with(&name, &opts)).await {
+                        let wait = c.permit(&name, permits, &opts);
+                        match tokio::time::timeout(cancel_after, wait).await {
                             Ok(r) => r.map(Some),
                             Err(_) => Ok(None),
                         }
@@ -130,10 +142,18 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
                             .unwrap_or_else(|| {
                                 panic!("{what}: holder() says free while {} holds", g.token())
                             });
-                        assert_eq!(
-                            (&info.owner, info.token),
-                            (g.owner(), g.token()),
-                            "{what}: holder() disagrees with the guard that holds"
+                        // A semaphore's holder() shows its oldest permit: maybe another's.
+                        if permits == 1 {
+                            assert_eq!(
+                                (&info.owner, info.token),
+                                (g.owner(), g.token()),
+                                "{what}: holder() disagrees with the guard that holds"
+                            );
+                        }
+                        assert!(
+                            info.permits.1 == permits && (1..=permits).contains(&info.permits.0),
+                            "{what}: holder() says {:?} permits held of a semaphore of {permits}",
+                            info.permits
                         );
                     }
                 }
@@ -221,58 +241,76 @@ pub(super) async fn a_mixed_workload_with_reentry_never_has_two_holders(cx: Ctx)
         t.await.expect("a task of the workload failed");
     }
     let mut held = history.lock().unwrap().clone();
-    check_history(&mut held, caps.fencing_tokens(), seed);
-    // Nothing leaked: every hold let go, every cancelled wait left nothing, so the lock is
-    // free for a newcomer at once (a leak would hold it for a whole lease or forever).
+    check_history(&mut held, permits, caps.fencing_tokens(), seed);
+    // Nothing leaked: every hold let go, every cancelled wait left nothing, so every permit
+    // is free for a newcomer at once (a leak would hold one for a whole lease or forever).
     let newcomer = cx.client().await;
-    let g = match newcomer.lock(&name, Duration::from_secs(5)).await {
-        Ok(g) => g,
-        Err(e) => {
-            let holder = newcomer.holder(&name).await;
-            let story: Vec<_> = held
-                .iter()
-                .filter(|h| {
-                    holder
-                        .as_ref()
-                        .is_ok_and(|i| i.as_ref().is_some_and(|i| i.owner == h.owner))
-                })
-                .map(|h| format!("task {} round {}: {}", h.task, h.round, h.story))
-                .collect();
-            panic!(
-                "seed {seed}: the lock stayed taken after the workload: {e}; holder {holder:?} \
-                 (its holds in the workload: {story:?}); on the server {:?}",
+    let mut newcomers = Vec::new();
+    for _ in 0..permits {
+        let wait = LockOptions::new().wait(Duration::from_secs(5));
+        match newcomer.permit(&name, permits, &wait).await {
+            Ok(g) => newcomers.push(g),
+            Err(e) => {
+                let holder = newcomer.holder(&name).await;
+                let story: Vec<_> = held
+                    .iter()
+                    .filter(|h| {
+                        holder
+                            .as_ref()
+                            .is_ok_and(|i| i.as_ref().is_some_and(|i| i.owner == h.owner))
+                    })
+                    .map(|h| format!("task {} round {}: {}", h.task, h.round, h.story))
+                    .collect();
+                panic!(
+                "seed {seed}: a permit stayed taken after the workload ({} of {permits} free): \
+                 {e}; holder {holder:?} (its holds in the workload: {story:?}); on the server \
+                 {:?}",
+                newcomers.len(),
                 cx.harness().leftovers(cx.prefix()).await
             )
+            }
         }
-    };
-    assert!(g.release().await.unwrap());
+    }
+    for g in newcomers {
+        assert!(g.release().await.unwrap());
+    }
     cx.until_nothing_is_left(Duration::from_secs(10)).await;
 }
 
-/// Mutual exclusion over the believed holds (no two overlap), and, with fencing, tokens that
-/// strictly increase in the order the holds began.
-fn check_history(held: &mut [Held], fencing: bool, seed: u64) {
+/// Over the believed holds: never more than `permits` at once (for a lock, no two overlap),
+/// and, with fencing, a token of its own for every hold, strictly increasing in the order the
+/// holds began where they cannot overlap (a lock).
+fn check_history(held: &mut [Held], permits: u32, fencing: bool, seed: u64) {
     assert!(
         held.len() >= HANDLES * TASKS_PER_HANDLE,
         "seed {seed}: only {} grants in the whole workload",
         held.len()
     );
     held.sort_by_key(|h| h.from);
-    let mut last: Option<&Held> = None;
+    // The holds still believed when the next one began.
+    let mut open: Vec<&Held> = Vec::new();
+    let mut previous: Option<&Held> = None;
     for h in held.iter() {
-        if let Some(p) = last {
-            assert!(
-                h.from >= p.to,
-                "seed {seed}: task {} was granted token {} while task {} believed it held \
-                 token {} for {:?} more",
+        open.retain(|p| p.to > h.from);
+        if let Some(p) = open
+            .iter()
+            .max_by_key(|p| p.to)
+            .filter(|_| open.len() >= permits as usize)
+        {
+            panic!(
+                "seed {seed}: task {} was granted token {} while {} holds were believed (task \
+                 {} held token {} for {:?} more); at most {permits} may be",
                 h.task,
                 h.token,
+                open.len(),
                 p.task,
                 p.token,
                 p.to - h.from
             );
+        }
+        if let (true, 1, Some(p)) = (fencing, permits, previous) {
             assert!(
-                !fencing || h.token > p.token,
+                h.token > p.token,
                 "seed {seed}: token {} (task {}) granted after token {} (task {})",
                 h.token,
                 h.task,
@@ -280,8 +318,17 @@ fn check_history(held: &mut [Held], fencing: bool, seed: u64) {
                 p.task
             );
         }
-        if last.is_none_or(|p| h.to > p.to) {
-            last = Some(h);
-        }
+        open.push(h);
+        previous = Some(h);
+    }
+    if fencing {
+        let mut tokens: Vec<u64> = held.iter().map(|h| h.token).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(
+            tokens.len(),
+            held.len(),
+            "seed {seed}: two grants shared a token"
+        );
     }
 }
