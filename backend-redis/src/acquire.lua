@@ -3,10 +3,17 @@
 --         at the grant), '#since' (the server's clock at the grant, in ms since the epoch) and,
 --         under RedLock, '#fence' (the token derived over all instances).
 -- KEYS[2] the name's fencing counter. Never deleted: it must outlive release and expiry.
+-- KEYS[3] the name's permit data, which exists exactly while the name is held as a semaphore
+--         of several permits (see permits.lua).
 -- ARGV[1] owner id, ARGV[2] lease in milliseconds.
 -- Returns {1, token, hold_count, fence} when granted (fence 0 if none was written),
---         {0, pttl} when another owner holds it (pttl < 0: no expiry known).
+--         {0, pttl} when another owner holds it (pttl < 0: no expiry known),
+--         {2, max} when the name is held as a semaphore of max permits.
 if redis.call('exists', KEYS[1]) == 0 then
+  -- The one check the lock pays for semaphores, and only when the lock is free.
+  if redis.call('exists', KEYS[3]) == 1 then
+    return {2, tonumber(redis.call('hget', KEYS[3], '#max') or '0')}
+  end
   local token = redis.call('incr', KEYS[2])
   local now = redis.call('time')
   local since = now[1] * 1000 + math.floor(now[2] / 1000)

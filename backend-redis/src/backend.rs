@@ -9,12 +9,13 @@ use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
-    LockName, Result, TtlSupport,
+    LockName, OwnerId, Result, TtlSupport,
 };
 
 use crate::config::RedisConfig;
 use crate::notices::{Hub, HubConfig};
 use crate::ops::{Acquired, HandedOver, Server};
+use crate::permits::PermitOf;
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
@@ -27,7 +28,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(false)
     .fencing(Fencing::Volatile)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// A client of one Redis server: one multiplexed command connection (reconnected on demand),
 /// one pub/sub connection shared by all its waiters (opened on first wait), one watchdog.
@@ -97,30 +99,49 @@ impl RedisLock {
 impl Shared {
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let sent_at = Instant::now();
-        Ok(
-            match self.server.acquire(&req.name, &req.owner, req.ttl).await? {
-                Acquired::Granted { token, count, .. } => Attempt::Granted(Grant::new(
+        // A lock (one permit) keeps to the lock's own script: a semaphore costs it nothing more.
+        let acquired = if req.permits > 1 {
+            let (name, owner) = (&req.name, &req.owner);
+            self.server
+                .acquire_permit(name, owner, req.ttl, req.permits)
+                .await?
+        } else {
+            self.server.acquire(&req.name, &req.owner, req.ttl).await?
+        };
+        Ok(match acquired {
+            Acquired::Granted { token, count, .. } => {
+                let mut grant = Grant::new(
                     req.name.clone(),
                     req.owner.clone(),
                     FencingToken(token),
                     count,
                     req.ttl,
                     sent_at,
-                )),
-                Acquired::Held { pttl } => Attempt::Held { expires_in: pttl },
-            },
-        )
+                );
+                // Whoever releases it (a guard, or the core after a cancelled wait) knows it
+                // for a permit.
+                grant.permits = req.permits;
+                Attempt::Granted(grant)
+            }
+            Acquired::Held { pttl } => Attempt::Held { expires_in: pttl },
+        })
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        Ok(self
-            .server
-            .release(&grant.name, &grant.owner, grant.token.0)
-            .await?
-            .is_some())
+        let (name, owner, token) = (&grant.name, &grant.owner, grant.token.0);
+        let left = if grant.permits > 1 {
+            self.server.release_permit(name, owner, token).await?
+        } else {
+            self.server.release(name, owner, token).await?
+        };
+        Ok(left.is_some())
     }
 
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
+        // The hand-over script is the lock's; the core sends a permit's release as a release.
+        if from.permits > 1 || to.permits > 1 {
+            return Ok(HandOver::Released(self.release(from).await?));
+        }
         let sent_at = Instant::now();
         let handed = self
             .server
@@ -152,21 +173,39 @@ impl DistributedLock for RedisLock {
             .hands_over(true)
     }
 
-    async fn force_release(
-        &self,
-        name: &distlock_api::LockName,
-        token: distlock_api::FencingToken,
-    ) -> distlock_api::Result<bool> {
-        distlock_api::backend::force_release_by_releases(self, name, token).await
+    async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
+        // A semaphore frees the one permit of `token` in one script; a lock goes hold by hold.
+        match self
+            .shared
+            .server
+            .force_release_permit(name, token.0)
+            .await?
+        {
+            Some(freed) => Ok(freed),
+            None => distlock_api::backend::force_release_by_releases(self, name, token).await,
+        }
     }
 
-    async fn give_back(
-        &self,
-        name: &distlock_api::LockName,
-        owner: &distlock_api::OwnerId,
-        ttl: std::time::Duration,
-    ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+        // The owner's own permit, which need not be the oldest one `inspect` shows.
+        match self.shared.server.permit_of(name, owner).await? {
+            PermitOf::NoSemaphore => {
+                distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+            }
+            PermitOf::NotHeld => Ok(false),
+            // Accounted holds are read after the server's count, as give_back asks.
+            PermitOf::Held { token, count } => {
+                if count <= self.core.holds_accounted(name, owner) {
+                    return Ok(false);
+                }
+                let released = self
+                    .shared
+                    .server
+                    .release_permit(name, owner, token)
+                    .await?;
+                Ok(released.is_some())
+            }
+        }
     }
 
     fn core(&self) -> &ClientCore {
@@ -191,29 +230,35 @@ impl DistributedLock for RedisLock {
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
-        let renewed = self
-            .shared
-            .server
-            .renew(&grant.name, &grant.owner, grant.token.0, ttl)
-            .await?;
+        let (name, owner, token) = (&grant.name, &grant.owner, grant.token.0);
+        let server = &self.shared.server;
+        // The watchdog renews one grant per request here (no renew batch), through this.
+        let renewed = if grant.permits > 1 {
+            server.renew_permit(name, owner, token, ttl).await?
+        } else {
+            server.renew(name, owner, token, ttl).await?
+        };
         if renewed {
             Ok(ttl)
         } else {
             Err(lost(
                 &grant.name,
                 format!(
-                    "the lock is no longer held by owner {} with token {} (expired, removed or \
+                    "the {} is no longer held by owner {} with token {} (expired, removed or \
                      taken over)",
-                    grant.owner, grant.token
+                    if grant.permits > 1 { "permit" } else { "lock" },
+                    grant.owner,
+                    grant.token
                 ),
             ))
         }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        Ok(self.shared.server.inspect(name).await?.map(|h| {
+        Ok(self.shared.server.inspect_any(name).await?.map(|h| {
             LockInfo::new(h.owner, h.count, FencingToken(h.token), h.pttl)
                 .with_since_unix_ms(h.since_ms)
+                .with_permits(h.permits.0, h.permits.1)
         }))
     }
 

@@ -182,8 +182,8 @@ macro_rules! setters {
             self.options.keys().pattern(name_prefix)
         }
 
-        /// The lock name and kind (`lock`, `fence`, `released`) of a key or channel made by
-        /// this configuration; `None` for anything else.
+        /// The lock name and kind (`lock`, `fence`, `permits`, `semaphore`, `released`) of a
+        /// key or channel made by this configuration; `None` for anything else.
         pub fn parse_key(&self, key: &str) -> Option<(String, String)> {
             self.options
                 .keys()
@@ -249,6 +249,14 @@ impl RedisConfig {
     }
 
     setters!();
+
+    /// The keys of `name` held as a semaphore, for operators: the holders (a sorted set of
+    /// owner ids scored by lease expiry, ms) and the permit data (`#max`, owner →
+    /// `token:hold count:since`). Deleting both frees every permit behind their holders' backs.
+    pub fn semaphore_keys(&self, name: &LockName) -> [String; 2] {
+        let keys = self.options.keys();
+        [keys.holders_key(name), keys.semaphore_key(name)]
+    }
 
     /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
     /// any I/O.

@@ -1,9 +1,9 @@
 //! Where a lock lives in Redis: key and channel names.
 //!
 //! Every key of one name shares the hash tag `{<encoded name>}`, so the scripts, which touch the
-//! lock hash and the fencing counter together, run unchanged on Redis Cluster. The encoding
-//! percent-escapes only `{`, `}` and `%`: it is reversible, keeps names readable in
-//! `redis-cli`, and guarantees the tag ends where the name ends.
+//! lock hash, the semaphore's keys and the fencing counter together, run unchanged on Redis
+//! Cluster. The encoding percent-escapes only `{`, `}` and `%`: it is reversible, keeps names
+//! readable in `redis-cli`, and guarantees the tag ends where the name ends.
 
 use distlock_api::backend::{escape, unescape};
 use distlock_api::{Error, LockName, Result};
@@ -39,6 +39,17 @@ impl KeySpace {
         self.tagged(name.as_str(), "fence")
     }
 
+    /// The sorted set of `name`'s permit holders (owner ids scored by lease expiry), while it is
+    /// held as a semaphore of several permits.
+    pub(crate) fn holders_key(&self, name: &LockName) -> String {
+        self.tagged(name.as_str(), "permits")
+    }
+
+    /// The hash of `name`'s semaphore: `#max` and owner → `token:hold count:since`.
+    pub(crate) fn semaphore_key(&self, name: &LockName) -> String {
+        self.tagged(name.as_str(), "semaphore")
+    }
+
     /// The channel a release of `name` is published on.
     pub(crate) fn channel(&self, name: &LockName) -> String {
         self.tagged(name.as_str(), "released")
@@ -55,7 +66,7 @@ impl KeySpace {
     }
 
     /// The lock name a key or channel of this key space belongs to, and the key's kind (`lock`,
-    /// `fence`, `released`).
+    /// `fence`, `permits`, `semaphore`, `released`).
     pub(crate) fn parse<'a>(&self, key: &'a str) -> Option<(String, &'a str)> {
         let rest = key.strip_prefix(self.prefix.as_str())?.strip_prefix(":{")?;
         let (encoded, kind) = rest.split_once("}:")?;
@@ -128,6 +139,14 @@ mod tests {
             assert_eq!(
                 ks.parse(&ks.fence_key(&n)),
                 Some((name.to_string(), "fence"))
+            );
+            assert_eq!(
+                ks.parse(&ks.holders_key(&n)),
+                Some((name.to_string(), "permits"))
+            );
+            assert_eq!(
+                ks.parse(&ks.semaphore_key(&n)),
+                Some((name.to_string(), "semaphore"))
             );
         }
         assert_eq!(decode("%7"), None);

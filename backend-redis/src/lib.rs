@@ -7,6 +7,7 @@ mod config;
 mod keys;
 mod notices;
 mod ops;
+mod permits;
 mod redlock;
 #[cfg(feature = "testing")]
 pub mod testing;

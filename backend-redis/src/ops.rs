@@ -12,16 +12,17 @@ use redis::{Script, Value};
 
 use crate::config::{Endpoint, Options};
 use crate::keys::KeySpace;
+use crate::permits::other_permits;
 
 /// One script: its source (for SCRIPT LOAD) and the driver's handle, which sends EVALSHA and,
 /// on NOSCRIPT (a restarted or flushed server), loads the script and retries once.
-struct Lua {
-    source: &'static str,
-    script: Script,
+pub(crate) struct Lua {
+    pub(crate) source: &'static str,
+    pub(crate) script: Script,
 }
 
 impl Lua {
-    fn new(source: &'static str) -> Self {
+    pub(crate) fn new(source: &'static str) -> Self {
         Self {
             source,
             script: Script::new(source),
@@ -44,7 +45,11 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Lua::new(include_str!("release.lua")),
     handover: Lua::new(include_str!("handover.lua")),
     renew: Lua::new(include_str!("renew.lua")),
-    inspect: Lua::new(include_str!("inspect.lua")),
+    // Its semaphore branch uses the permit scripts' shared functions.
+    inspect: Lua::new(concat!(
+        include_str!("permits.lua"),
+        include_str!("inspect.lua")
+    )),
     fence: Lua::new(include_str!("fence.lua")),
 });
 
@@ -79,6 +84,8 @@ pub(crate) struct Holder {
     pub(crate) pttl: Option<Duration>,
     /// The server's clock at the grant, in ms since the epoch (0: unknown).
     pub(crate) since_ms: i64,
+    /// How many permits are held, of how many: `(1, 1)` for a lock.
+    pub(crate) permits: (u32, u32),
 }
 
 /// A connection to one server, with the key layout of locks in it.
@@ -191,7 +198,10 @@ impl Server {
             &s.renew,
             &s.inspect,
             &s.fence,
-        ] {
+        ]
+        .into_iter()
+        .chain(crate::permits::scripts())
+        {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
         }
         let mut conn = self.conn();
@@ -211,7 +221,7 @@ impl Server {
             .clone()
     }
 
-    async fn run(&self, what: &str, inv: redis::ScriptInvocation<'_>) -> Result<Value> {
+    pub(crate) async fn run(&self, what: &str, inv: redis::ScriptInvocation<'_>) -> Result<Value> {
         let mut conn = self.conn();
         inv.invoke_async(&mut conn).await.map_err(|e| {
             if e.is_timeout() {
@@ -242,10 +252,14 @@ impl Server {
         let mut inv = SCRIPTS.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
+            .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
             .arg(millis(ttl));
         let reply =
             ints(self.run("acquire", inv).await?).ok_or_else(|| self.bad_reply("acquire"))?;
+        if let [2, max] = reply[..] {
+            return Err(other_permits(name, max, 1));
+        }
         match reply[..] {
             [1, token, count, fence] => Ok(Acquired::Granted {
                 token: u64::try_from(token).map_err(|_| self.bad_reply("acquire"))?,
@@ -371,7 +385,8 @@ impl Server {
                 .await
                 .map_err(|e| self.error("listing", e))?;
             for key in keys {
-                if let Some((name, "lock")) = self.keys.parse(&key) {
+                // A semaphore is held while its holders key exists.
+                if let Some((name, "lock" | "permits")) = self.keys.parse(&key) {
                     // A key this layout cannot have made is someone else's: not listed.
                     if let Ok(name) = LockName::new(&name) {
                         names.push(name);
@@ -389,17 +404,39 @@ impl Server {
         Ok(names)
     }
 
-    /// Runs the inspect script.
+    /// Runs the inspect script on the lock hash only (RedLock: no semaphores).
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<Holder>> {
+        self.inspect_keys(name, false).await
+    }
+
+    /// Runs the inspect script on the lock and, when it is free, on the semaphore: its oldest
+    /// live permit.
+    pub(crate) async fn inspect_any(&self, name: &LockName) -> Result<Option<Holder>> {
+        self.inspect_keys(name, true).await
+    }
+
+    async fn inspect_keys(&self, name: &LockName, permits: bool) -> Result<Option<Holder>> {
         let mut inv = SCRIPTS.inspect.script.prepare_invoke();
         inv.key(self.keys.lock_key(name));
-        let Value::Array(items) = self.run("inspect", inv).await? else {
+        if permits {
+            inv.key(self.keys.holders_key(name))
+                .key(self.keys.semaphore_key(name));
+        }
+        let Value::Array(mut items) = self.run("inspect", inv).await? else {
             return Err(self.bad_reply("inspect"));
         };
         if items.is_empty() {
             return Ok(None);
         }
         let parsed = (|| {
+            let permits = match items.len() {
+                6 => (1, 1),
+                8 => {
+                    let max = u32::try_from(int(items.pop()?)?).ok()?;
+                    (u32::try_from(int(items.pop()?)?).ok()?, max)
+                }
+                _ => return None,
+            };
             let [owner, count, token, fence, pttl, since] = <[Value; 6]>::try_from(items).ok()?;
             let owner: String = redis::from_redis_value(owner).ok()?;
             Some(Holder {
@@ -409,6 +446,7 @@ impl Server {
                 fence: u64::try_from(int(fence)?).ok()?,
                 pttl: pttl_of(int(pttl)?),
                 since_ms: int(since)?,
+                permits,
             })
         })();
         parsed.map(Some).ok_or_else(|| {
@@ -424,7 +462,7 @@ impl Server {
         })
     }
 
-    fn bad_reply(&self, what: &str) -> Error {
+    pub(crate) fn bad_reply(&self, what: &str) -> Error {
         Error::new(
             ErrorKind::Backend,
             format!(
@@ -463,23 +501,23 @@ pub(crate) fn driver_error(
         .with_source(e)
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     // check_ttl bounds leases to days, far below u64 milliseconds; at least 1 ms, as PX needs.
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-fn pttl_of(ms: i64) -> Option<Duration> {
+pub(crate) fn pttl_of(ms: i64) -> Option<Duration> {
     u64::try_from(ms).ok().map(Duration::from_millis)
 }
 
-fn int(v: Value) -> Option<i64> {
+pub(crate) fn int(v: Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(i),
         _ => None,
     }
 }
 
-fn ints(v: Value) -> Option<Vec<i64>> {
+pub(crate) fn ints(v: Value) -> Option<Vec<i64>> {
     match v {
         Value::Array(items) => items.into_iter().map(int).collect(),
         _ => None,

@@ -19,10 +19,14 @@ impl Server {
             .map_err(|e| self.error(what, e))
     }
 
+    /// Removes the lock and, if the name is a semaphore, every permit of it.
     async fn remove_holder(&self, name: &LockName) -> Result<()> {
-        let _: i64 = self
-            .command("DEL", redis::cmd("DEL").arg(self.keys.lock_key(name)))
-            .await?;
+        let del = redis::cmd("DEL")
+            .arg(self.keys.lock_key(name))
+            .arg(self.keys.holders_key(name))
+            .arg(self.keys.semaphore_key(name))
+            .to_owned();
+        let _: i64 = self.command("DEL", &del).await?;
         Ok(())
     }
 
@@ -35,8 +39,8 @@ impl Server {
         Ok(counts.into_iter().map(|(_, n)| n as usize).sum())
     }
 
-    /// Lock keys (not the fencing counters, which are kept on purpose) and subscribed release
-    /// channels of names starting with `prefix`.
+    /// Lock and semaphore keys (not the fencing counters, which are kept on purpose) and
+    /// subscribed release channels of names starting with `prefix`.
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
         let pattern = self.keys.pattern(prefix);
         let at = &self.endpoint.display;

@@ -1,0 +1,181 @@
+//! Semaphore permits on one Redis server: the permit scripts and what their answers mean.
+//!
+//! A name held as a semaphore of several permits has two keys beside its fencing counter: the
+//! holders (a sorted set of owner ids scored by the expiry of each one's lease, on the server's
+//! clock) and the permit data (`#max`, and each holder's token, hold count and grant time). Each
+//! script drops the holders whose lease has ended before it counts, and sets both keys to
+//! expire with the latest lease, so they exist exactly while a permit may be live. A lock
+//! request (one permit) keeps to the lock's own scripts; `acquire.lua` checks only that the
+//! permit data does not exist.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use crate::ops::{int, ints, millis, pttl_of, Acquired, Lua, Server};
+use distlock_api::{Error, LockName, OwnerId, Result};
+
+/// The permit scripts, each after the functions they share (`permits.lua`).
+struct Scripts {
+    acquire: Lua,
+    release: Lua,
+    renew: Lua,
+    force: Lua,
+    owner: Lua,
+}
+
+macro_rules! permit_script {
+    ($file:literal) => {
+        Lua::new(concat!(include_str!("permits.lua"), include_str!($file)))
+    };
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: permit_script!("permit_acquire.lua"),
+    release: permit_script!("permit_release.lua"),
+    renew: permit_script!("permit_renew.lua"),
+    force: permit_script!("permit_force.lua"),
+    owner: permit_script!("permit_of.lua"),
+});
+
+/// The permit scripts, for loading at connect.
+pub(crate) fn scripts() -> [&'static Lua; 5] {
+    let s = &*SCRIPTS;
+    [&s.acquire, &s.release, &s.renew, &s.force, &s.owner]
+}
+
+/// The refusal of a request for `asked` permits of `name`, which is held with `held`.
+pub(crate) fn other_permits(name: &LockName, held: i64, asked: u32) -> Error {
+    Error::invalid(format!(
+        "{name} is held with {held} permit(s), not the {asked} this request asks for"
+    ))
+    .with_lock(name)
+}
+
+/// What the permit-of script found for an owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PermitOf {
+    /// The name is not held as a semaphore.
+    NoSemaphore,
+    /// It is, but not by this owner.
+    NotHeld,
+    /// The owner's live permit: its token and hold count.
+    Held { token: u64, count: u32 },
+}
+
+impl Server {
+    /// Runs the permit acquire script: a permit of `max` for `owner` with a lease of `ttl`.
+    pub(crate) async fn acquire_permit(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        ttl: Duration,
+        max: u32,
+    ) -> Result<Acquired> {
+        let mut inv = SCRIPTS.acquire.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .key(self.keys.fence_key(name))
+            .key(self.keys.holders_key(name))
+            .key(self.keys.semaphore_key(name))
+            .arg(&*owner.text())
+            .arg(millis(ttl))
+            .arg(max);
+        let bad = || self.bad_reply("permit acquire");
+        let reply = ints(self.run("permit acquire", inv).await?).ok_or_else(bad)?;
+        match reply[..] {
+            [1, token, count] => Ok(Acquired::Granted {
+                token: u64::try_from(token).map_err(|_| bad())?,
+                count: u32::try_from(count).map_err(|_| bad())?,
+                fence: 0,
+            }),
+            [0, pttl] => Ok(Acquired::Held {
+                pttl: pttl_of(pttl),
+            }),
+            [2, held] => Err(other_permits(name, held, max)),
+            _ => Err(bad()),
+        }
+    }
+
+    /// Runs the permit release script: the holds left (0: freed and published), or `None` if
+    /// the grant `(owner, token)` holds no live permit.
+    pub(crate) async fn release_permit(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+    ) -> Result<Option<u32>> {
+        let mut inv = SCRIPTS.release.script.prepare_invoke();
+        inv.key(self.keys.holders_key(name))
+            .key(self.keys.semaphore_key(name))
+            .arg(&*owner.text())
+            .arg(token)
+            .arg(self.keys.channel(name));
+        match int(self.run("permit release", inv).await?) {
+            Some(-1) => Ok(None),
+            Some(n) => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| self.bad_reply("permit release")),
+            None => Err(self.bad_reply("permit release")),
+        }
+    }
+
+    /// Runs the permit renew script: whether the grant `(owner, token)` still held its permit;
+    /// if it did, its lease now ends no sooner than `ttl` from now.
+    pub(crate) async fn renew_permit(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let mut inv = SCRIPTS.renew.script.prepare_invoke();
+        inv.key(self.keys.holders_key(name))
+            .key(self.keys.semaphore_key(name))
+            .arg(&*owner.text())
+            .arg(token)
+            .arg(millis(ttl));
+        match int(self.run("permit renew", inv).await?) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(self.bad_reply("permit renew")),
+        }
+    }
+
+    /// Runs the permit force-release script: `Some(freed)` if the name is held as a semaphore
+    /// (freed: the permit of `token` was live and is freed), `None` if it is not.
+    pub(crate) async fn force_release_permit(
+        &self,
+        name: &LockName,
+        token: u64,
+    ) -> Result<Option<bool>> {
+        let mut inv = SCRIPTS.force.script.prepare_invoke();
+        inv.key(self.keys.holders_key(name))
+            .key(self.keys.semaphore_key(name))
+            .arg(token)
+            .arg(self.keys.channel(name));
+        match int(self.run("permit force release", inv).await?) {
+            Some(1) => Ok(Some(true)),
+            Some(0) => Ok(Some(false)),
+            Some(-1) => Ok(None),
+            _ => Err(self.bad_reply("permit force release")),
+        }
+    }
+
+    /// Runs the permit-of script: `owner`'s own permit of `name`, whichever it is.
+    pub(crate) async fn permit_of(&self, name: &LockName, owner: &OwnerId) -> Result<PermitOf> {
+        let mut inv = SCRIPTS.owner.script.prepare_invoke();
+        inv.key(self.keys.holders_key(name))
+            .key(self.keys.semaphore_key(name))
+            .arg(&*owner.text());
+        let bad = || self.bad_reply("permit of");
+        let reply = ints(self.run("permit of", inv).await?).ok_or_else(bad)?;
+        match reply[..] {
+            [] => Ok(PermitOf::NoSemaphore),
+            [0] => Ok(PermitOf::NotHeld),
+            [1, token, count] => Ok(PermitOf::Held {
+                token: u64::try_from(token).map_err(|_| bad())?,
+                count: u32::try_from(count).map_err(|_| bad())?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
