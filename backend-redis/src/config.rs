@@ -176,6 +176,14 @@ macro_rules! setters {
             self.options.keys().channel(name)
         }
 
+        /// The keys of `name` held as a semaphore, for operators: the holders (a sorted set of
+        /// owner ids scored by lease expiry, ms) and the permit data (`#max`, owner →
+        /// `token:hold count:since`). Deleting both frees every permit behind their holders' backs.
+        pub fn semaphore_keys(&self, name: &LockName) -> [String; 2] {
+            let keys = self.options.keys();
+            [keys.holders_key(name), keys.semaphore_key(name)]
+        }
+
         /// A glob pattern (for `SCAN MATCH` and `PUBSUB CHANNELS`) matching every key and
         /// channel of the names that start with `name_prefix`.
         pub fn key_pattern(&self, name_prefix: &str) -> String {
@@ -249,14 +257,6 @@ impl RedisConfig {
     }
 
     setters!();
-
-    /// The keys of `name` held as a semaphore, for operators: the holders (a sorted set of
-    /// owner ids scored by lease expiry, ms) and the permit data (`#max`, owner →
-    /// `token:hold count:since`). Deleting both frees every permit behind their holders' backs.
-    pub fn semaphore_keys(&self, name: &LockName) -> [String; 2] {
-        let keys = self.options.keys();
-        [keys.holders_key(name), keys.semaphore_key(name)]
-    }
 
     /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
     /// any I/O.

@@ -220,6 +220,14 @@ impl Keys {
             Keys::Redlock(c) => c.fence_key(n),
         }
     }
+    /// The permit data key, which the lock's acquire script checks for a semaphore.
+    fn semaphore(&self, n: &LockName) -> String {
+        let [_, data] = match self {
+            Keys::Single(c) => c.semaphore_keys(n),
+            Keys::Redlock(c) => c.semaphore_keys(n),
+        };
+        data
+    }
     fn channel(&self, n: &LockName) -> String {
         match self {
             Keys::Single(c) => c.release_channel(n),
@@ -254,9 +262,10 @@ static SCRIPTS: std::sync::LazyLock<Scripts> = std::sync::LazyLock::new(|| Scrip
 impl Floor for ScriptFloor {
     async fn cycle(&mut self, name: &str) -> Res<Duration> {
         let name = LockName::new(name)?;
-        let (lock, fence, channel) = (
+        let (lock, fence, semaphore, channel) = (
             self.keys.lock(&name),
             self.keys.fence(&name),
+            self.keys.semaphore(&name),
             self.keys.channel(&name),
         );
         let owner_text = self.owner.text();
@@ -266,7 +275,11 @@ impl Floor for ScriptFloor {
         let acquired = try_join_all(self.servers.iter().map(|conn| {
             let mut conn = conn.clone();
             let mut inv = s.acquire.prepare_invoke();
-            inv.key(&lock).key(&fence).arg(owner).arg(FLOOR_TTL_MS);
+            inv.key(&lock)
+                .key(&fence)
+                .key(&semaphore)
+                .arg(owner)
+                .arg(FLOOR_TTL_MS);
             async move { inv.invoke_async::<Value>(&mut conn).await }
         }))
         .await?;
