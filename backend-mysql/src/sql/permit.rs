@@ -99,8 +99,6 @@ pub(crate) fn permit_table(locks: &str) -> String {
 /// The permit statements of one client, rendered for its table names.
 #[derive(Debug)]
 pub(crate) struct PermitStatements {
-    /// The permit table's name: read by the test-only admin.
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) table: Arc<str>,
     pub(crate) create: Arc<str>,
     pub(crate) check: Arc<str>,
