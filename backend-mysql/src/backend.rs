@@ -37,8 +37,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(false)
     .fencing(Fencing::Durable)
-    .renewal(true)
-    .semaphore(true);
+    .renewal(true);
 
 /// A client of the MySQL/MariaDB lock table: two connection pools (acquiring; renewing and
 /// releasing), one owner id, one watchdog, and (if configured) one sweeper task.
@@ -53,16 +52,15 @@ pub struct MysqlLock {
 }
 
 impl MysqlLock {
-    /// The pool and the lock and permit tables' names, for the test-only admin.
+    /// The pool and the lock table's name, for the test-only admin.
     #[cfg(feature = "testing")]
-    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, [&str; 2]) {
-        let sql = &self.inner.sql;
-        (self.inner.pool.sqlx(), [&sql.locks, &sql.permit.table])
+    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, &str) {
+        (self.inner.pool.sqlx(), &self.inner.sql.locks)
     }
 }
 
 impl MysqlLock {
-    /// Connects to the server, creates the three tables if they do not exist (unless turned off),
+    /// Connects to the server, creates the two tables if they do not exist (unless turned off),
     /// checks that they have the columns this backend uses, and starts the sweeper if the config
     /// asks for it.
     ///
@@ -117,13 +115,7 @@ impl MysqlLock {
                 hints.clone(),
             )
         });
-        let renewals = Renewals::new(
-            holders.clone(),
-            sql.renew.clone(),
-            sql.permit.renew.clone(),
-            2,
-            operation_timeout,
-        );
+        let renewals = Renewals::new(holders.clone(), sql.renew.clone(), 2, operation_timeout);
         let inner = Arc::new(Inner {
             pool: match config.get_pool() {
                 Some(given) => Pool::given(given.clone()),
@@ -233,10 +225,6 @@ impl DistributedLock for MysqlLock {
         name: &distlock_api::LockName,
         token: distlock_api::FencingToken,
     ) -> distlock_api::Result<bool> {
-        // A permit is freed by one conditional delete; a lock by its releases.
-        if self.inner.force_release_permit(name, token).await? {
-            return Ok(true);
-        }
         distlock_api::backend::force_release_by_releases(self, name, token).await
     }
 
@@ -246,14 +234,7 @@ impl DistributedLock for MysqlLock {
         owner: &distlock_api::OwnerId,
         ttl: std::time::Duration,
     ) -> distlock_api::Result<bool> {
-        // By the owner's own permit, which inspect (the oldest permit) may not show.
-        match self.inner.own_permit(name, owner, ttl).await? {
-            Some(g) if g.hold_count > self.core.holds_accounted(name, owner) => {
-                self.inner.release(&g).await
-            }
-            Some(_) => Ok(false),
-            None => distlock_api::backend::give_back_by_release(self, name, owner, ttl).await,
-        }
+        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
     }
 
     fn core(&self) -> &ClientCore {

@@ -41,8 +41,6 @@ struct Job {
     owner: Vec<u8>,
     token: u64,
     ttl_us: u64,
-    /// A semaphore permit's row (the permit table) rather than a lock's.
-    permit: bool,
     /// `Ok(true)`: renewed; `Ok(false)`: the grant no longer holds the lock.
     reply: oneshot::Sender<Result<bool, BatchError>>,
 }
@@ -79,8 +77,6 @@ pub(crate) struct Renewals {
     flushers: Arc<Semaphore>,
     pool: Pool,
     renew_sql: Arc<str>,
-    /// The same renewal on the permit table.
-    renew_permit_sql: Arc<str>,
     /// The limit on one batch, its commit included.
     operation_timeout: Duration,
 }
@@ -89,7 +85,6 @@ impl Renewals {
     pub(crate) fn new(
         pool: Pool,
         renew_sql: Arc<str>,
-        renew_permit_sql: Arc<str>,
         flushers: usize,
         operation_timeout: Duration,
     ) -> Arc<Self> {
@@ -98,7 +93,6 @@ impl Renewals {
             flushers: Arc::new(Semaphore::new(flushers.max(1))),
             pool,
             renew_sql,
-            renew_permit_sql,
             operation_timeout,
         })
     }
@@ -108,16 +102,14 @@ impl Renewals {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Renews one grant (a permit's if `permit`): `Ok(true)` if it still held the lock and now
-    /// has at least `ttl_us` left, `Ok(false)` if it no longer held it. `None` if the client is
-    /// shutting down.
+    /// Renews one grant: `Ok(true)` if it still held the lock and now has at least `ttl_us`
+    /// left, `Ok(false)` if it no longer held it. `None` if the client is shutting down.
     pub(crate) async fn renew(
         self: &Arc<Self>,
         name: &[u8],
         owner: &[u8],
         token: u64,
         ttl_us: u64,
-        permit: bool,
     ) -> Option<Result<bool, BatchError>> {
         let (reply, rx) = oneshot::channel();
         self.queue().push(Job {
@@ -125,7 +117,6 @@ impl Renewals {
             owner: owner.to_vec(),
             token,
             ttl_us,
-            permit,
             reply,
         });
         // No permit free means every flusher is busy, and each one drains the queue again
@@ -173,9 +164,7 @@ impl Renewals {
                 conn.give_back();
                 return;
             }
-            // One order for every batch (locks, then permits; by name, then token): no two
-            // batches wait for each other's rows.
-            batch.sort_by(|a, b| (a.permit, &a.name, a.token).cmp(&(b.permit, &b.name, b.token)));
+            batch.sort_by(|a, b| a.name.cmp(&b.name));
             let outcome = tokio::time::timeout(
                 self.operation_timeout,
                 self.execute_retrying(&mut conn, &batch),
@@ -223,11 +212,7 @@ impl Renewals {
 
     async fn execute(&self, conn: &mut MySqlConnection, batch: &[Job]) -> sqlx::Result<Vec<bool>> {
         let update = |job: &Job| {
-            let sql = match job.permit {
-                false => &self.renew_sql,
-                true => &self.renew_permit_sql,
-            };
-            sqlx::query(AssertSqlSafe(sql.clone()))
+            sqlx::query(AssertSqlSafe(self.renew_sql.clone()))
                 .bind(job.ttl_us)
                 .bind(job.name.clone())
                 .bind(job.owner.clone())

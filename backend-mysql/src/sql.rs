@@ -8,10 +8,6 @@
 
 use std::sync::Arc;
 
-mod permit;
-
-pub(crate) use permit::{permit_table, PermitStatements};
-
 /// The lock table's DDL.
 pub(crate) const CREATE_LOCKS: &str = include_str!("sql/create_locks.sql");
 /// The fencing table's DDL.
@@ -60,30 +56,19 @@ const BUMP_FENCING: &str = "INSERT INTO `{fencing}` (name, value) VALUES (?, LAS
 pub(crate) const LAST_INSERT_ID: &str = "SELECT LAST_INSERT_ID()";
 
 /// Inside the granting transaction: a fresh grant of a free name. A duplicate-key error means
-/// a row is there (held, or expired and not yet taken over); no row inserted means the name is
-/// held as a semaphore (live permits; the name is bound a second time for that check). A name
-/// with permits has no lock row at all (the permit grant drops an expired one), so only an
-/// insert has to look for them.
+/// a row is there (held, or expired and not yet taken over).
 const INSERT: &str = "INSERT INTO `{locks}` \
      (name, owner, hold_count, token, expires_at, granted_at) \
-     SELECT ?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6) FROM DUAL \
-     WHERE NOT EXISTS (SELECT 1 FROM `{permits}` \
-         WHERE name = ? AND expires_at > UTC_TIMESTAMP(6))";
+     VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))";
 
 /// A fresh grant of a name that is likely free, as one request of several statements (text
 /// protocol: the values are written into it, as hexadecimal literals and a number): the
 /// transaction of [`BUMP_FENCING`] and [`INSERT`], the new token read back in between. If a row
 /// is there, the insert fails with a duplicate-key error, the server runs nothing after it, and
-/// the transaction is left open with the counter bumped: [`ROLLBACK_AND_READ`] ends it. The
-/// name held as a semaphore (live permits, looked for under the counter's row lock that every
-/// permit grant takes first) fails the same way, one statement earlier: a duplicate-key insert
-/// into the counter table, as [`HAND_OVER`]'s guard; the read then finds no lock row and the
-/// attempt's next round tells why.
+/// the transaction is left open with the counter bumped: [`ROLLBACK_AND_READ`] ends it.
 const GRANT_IN_ONE: &str = "BEGIN; \
      INSERT INTO `{fencing}` (name, value) VALUES ({name}, LAST_INSERT_ID(1)) \
      ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1); \
-     INSERT INTO `{fencing}` (name, value) SELECT {name}, 0 FROM DUAL WHERE EXISTS \
-         (SELECT 1 FROM `{permits}` WHERE name = {name} AND expires_at > UTC_TIMESTAMP(6)); \
      SELECT LAST_INSERT_ID(); \
      INSERT INTO `{locks}` (name, owner, hold_count, token, expires_at, granted_at) \
      VALUES ({name}, {owner}, 1, LAST_INSERT_ID(), \
@@ -267,8 +252,6 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
-    /// The statements of semaphore permits (`sql/permit.rs`).
-    pub(crate) permit: PermitStatements,
     grant_in_one: Arc<str>,
     rollback_and_read: Arc<str>,
     hand_over: Arc<str>,
@@ -281,15 +264,12 @@ pub(crate) struct Statements {
 impl Statements {
     /// Renders every statement for these (already validated) table names.
     pub(crate) fn new(locks: &str, fencing: &str) -> Self {
-        let permits = permit_table(locks);
         let r = |sql: &str| -> Arc<str> {
             sql.replace("{locks}", locks)
                 .replace("{fencing}", fencing)
-                .replace("{permits}", &permits)
                 .into()
         };
         Self {
-            permit: PermitStatements::new(&permits, r),
             create_locks: r(CREATE_LOCKS),
             create_fencing: r(CREATE_FENCING),
             check_locks: r(CHECK_LOCKS),
@@ -432,15 +412,9 @@ mod tests {
             &s.clear_expired,
             &s.renew,
             &s.sweep,
-        ]
-        .into_iter()
-        .chain(s.permit.all())
-        {
+        ] {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
-            assert!(
-                sql.contains("`l_t`") || sql.contains("`f_t`") || sql.contains("`l_t_permits`"),
-                "{sql}"
-            );
+            assert!(sql.contains("`l_t`") || sql.contains("`f_t`"), "{sql}");
             assert!(!sql.contains("NOW("), "client-zone clock in {sql}");
         }
     }

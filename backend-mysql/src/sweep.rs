@@ -20,11 +20,8 @@ impl Inner {
             .await
             .map_err(|e| map_error(e, &what()))?;
         let mut total = 0;
-        // Expired lock rows, then expired permits; each table until a batch comes back short.
-        let mut tables = [&self.sql.sweep, &self.sql.permit.sweep].into_iter();
-        let mut sweep = tables.next();
-        while let Some(sql) = sweep {
-            let statement = sqlx::query(AssertSqlSafe(sql.clone()))
+        loop {
+            let statement = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
                 .bind(self.sweep_batch)
                 .execute(&mut *conn);
             let Ok(deleted) = tokio::time::timeout(self.operation_timeout, statement).await else {
@@ -43,14 +40,12 @@ impl Inner {
             total += deleted;
             self.swept.fetch_add(deleted, Ordering::Relaxed);
             if deleted < u64::from(self.sweep_batch) {
-                sweep = tables.next();
-                continue;
+                conn.give_back();
+                return Ok(total);
             }
             // Let acquires and renewals queued behind this batch's row locks go first.
             tokio::task::yield_now().await;
         }
-        conn.give_back();
-        Ok(total)
     }
 }
 

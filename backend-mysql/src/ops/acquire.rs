@@ -8,28 +8,15 @@ use distlock_api::{FencingToken, Grant, Result};
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use super::{grant, last_insert_id, lock_row, micros, other_permits, Inner, LockRow, MAX_ROUNDS};
+use super::{grant, last_insert_id, lock_row, micros, Inner, LockRow, MAX_ROUNDS};
 use crate::error::{is_conflict, is_duplicate};
-
-/// What a fresh grant or a join did.
-enum Fresh {
-    Granted(Grant),
-    /// The row changed since it was read: read again.
-    Again,
-    /// The name is held as a semaphore: a lock request is refused.
-    Semaphore,
-}
 
 impl Inner {
     /// One acquire attempt within the operation timeout.
     pub(crate) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let mut conn = self.lend(&self.pool, &req.name).await?;
-        let outcome = if req.permits > 1 {
-            let attempt = self.permit_attempt_on(&mut conn, req);
-            tokio::time::timeout(self.operation_timeout, attempt).await
-        } else {
-            tokio::time::timeout(self.operation_timeout, self.attempt_on(&mut conn, req)).await
-        };
+        let outcome =
+            tokio::time::timeout(self.operation_timeout, self.attempt_on(&mut conn, req)).await;
         conn.finish(outcome)
             .unwrap_or_else(|| Err(self.timed_out("acquiring", &req.name)))
     }
@@ -67,10 +54,9 @@ impl Inner {
             };
             let mut fresh = false;
             let outcome = match row {
-                Some(r) if r.remaining_us > 0 && r.owner == owner => self
-                    .join(conn, req, r.token, ttl_us)
-                    .await
-                    .map(|g| g.map_or(Fresh::Again, Fresh::Granted)),
+                Some(r) if r.remaining_us > 0 && r.owner == owner => {
+                    self.join(conn, req, r.token, ttl_us).await
+                }
                 Some(r) if r.remaining_us > 0 => {
                     let left = Duration::from_micros(r.remaining_us.unsigned_abs());
                     self.hints.held(name, left);
@@ -84,13 +70,8 @@ impl Inner {
                 }
             };
             match outcome {
-                Ok(Fresh::Granted(grant)) => return Ok(self.granted(grant, fresh)),
-                Ok(Fresh::Again) => continue,
-                Ok(Fresh::Semaphore) => match self.semaphore_size(conn, req).await? {
-                    Some(max) => return Err(other_permits(req, max)),
-                    // Its permits went meanwhile: try again.
-                    None => continue,
-                },
+                Ok(Some(grant)) => return Ok(self.granted(grant, fresh)),
+                Ok(None) => continue,
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(self.err("acquiring", &req.name)(e)),
             }
@@ -192,20 +173,19 @@ impl Inner {
     /// A fresh grant, in one transaction: bump the name's fencing counter, then insert the row
     /// (`expired` false: none was seen) or take over the expired one. If the write matches
     /// nothing, the transaction is rolled back and the counter with it, so a failed attempt
-    /// issues no token. An insert that finds the name held as a semaphore is
-    /// [`Fresh::Semaphore`].
+    /// issues no token.
     async fn grant_fresh(
         &self,
         conn: &mut MySqlConnection,
         req: &AcquireRequest,
         expired: bool,
         ttl_us: u64,
-    ) -> sqlx::Result<Fresh> {
+    ) -> sqlx::Result<Option<Grant>> {
         let name = req.name.as_str().as_bytes();
         let owner_text = req.owner.text();
         let owner = owner_text.as_bytes();
         let mut tx = conn.begin().await?;
-        let result: sqlx::Result<Fresh> = async {
+        let result: sqlx::Result<Option<(u64, Instant)>> = async {
             let bumped = sqlx::query(AssertSqlSafe(self.sql.bump_fencing.clone()))
                 .bind(name)
                 .execute(&mut *tx)
@@ -227,31 +207,26 @@ impl Inner {
                     .bind(owner)
                     .bind(token)
                     .bind(ttl_us)
-                    .bind(name)
                     .execute(&mut *tx)
                     .await
                 {
-                    Ok(d) if d.rows_affected() == 1 => true,
-                    Ok(_) => return Ok(Fresh::Semaphore),
+                    Ok(_) => true,
                     // Inserted by someone else since our read: read again.
                     Err(e) if is_duplicate(&e) => false,
                     Err(e) => return Err(e),
                 }
             };
-            Ok(match wrote {
-                true => Fresh::Granted(grant(req, FencingToken(token), 1, sent_at)),
-                false => Fresh::Again,
-            })
+            Ok(wrote.then_some((token, sent_at)))
         }
         .await;
         match result {
-            Ok(Fresh::Granted(g)) => {
+            Ok(Some((token, sent_at))) => {
                 tx.commit().await?;
-                Ok(Fresh::Granted(g))
+                Ok(Some(grant(req, FencingToken(token), 1, sent_at)))
             }
-            Ok(other) => {
+            Ok(None) => {
                 tx.rollback().await?;
-                Ok(other)
+                Ok(None)
             }
             Err(e) => {
                 // After a deadlock the server has rolled back already; after a lock wait

@@ -2,7 +2,6 @@
 //! renewals and reads here, acquiring in `acquire.rs`, releasing and handing over in `release.rs`.
 
 mod acquire;
-mod permit;
 mod release;
 
 use std::sync::atomic::AtomicU64;
@@ -21,8 +20,6 @@ use crate::notices::Signals;
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
-
-use self::permit::{other_permits, permit_info};
 
 /// How many times one acquire attempt or release re-reads the row after a conditional write
 /// matched nothing because another client changed the row in between (or the server picked
@@ -104,7 +101,6 @@ impl Inner {
                 g.owner.text().as_bytes(),
                 g.token.0,
                 ttl_us,
-                g.permits > 1,
             )
             .await
             .ok_or_else(|| {
@@ -136,28 +132,16 @@ impl Inner {
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let mut conn = self.lend(&self.pool, name).await?;
-        let read = async {
-            let row = sqlx::query(AssertSqlSafe(self.sql.inspect.clone()))
-                .bind(name.as_str().as_bytes())
-                .fetch_optional(&mut *conn)
-                .await?;
-            // A name with a lock row, live or not, has no live permits (see `permit.rs`).
-            match row {
-                Some(row) => Ok(Some((row, false))),
-                None => Ok(self
-                    .inspect_permits(&mut conn, name)
-                    .await?
-                    .map(|row| (row, true))),
-            }
-        };
+        let read = sqlx::query(AssertSqlSafe(self.sql.inspect.clone()))
+            .bind(name.as_str().as_bytes())
+            .fetch_optional(&mut *conn);
         let outcome = tokio::time::timeout(self.operation_timeout, read).await;
         let row = conn
             .finish(outcome)
             .ok_or_else(|| self.timed_out("reading the lock row", name))?
             .map_err(self.err("reading the lock row", name))?;
         match row {
-            Some((row, false)) => info_of(&row, 0, name),
-            Some((row, true)) => permit_info(&row, 0, name),
+            Some(row) => info_of(&row, 0, name),
             None => Ok(None),
         }
     }
@@ -167,23 +151,17 @@ impl Inner {
         let mut conn = Lent::from(&self.pool)
             .await
             .map_err(|e| map_error(e, &what()))?;
-        let read = async {
-            let locks = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
-                .bind(prefix.as_bytes())
-                .bind(prefix.len() as u64)
-                .bind(prefix.as_bytes())
-                .fetch_all(&mut *conn)
-                .await?;
-            let permits = self.list_permits(&mut conn, prefix).await?;
-            Ok::<_, sqlx::Error>((locks, permits))
-        };
-        let (rows, permits) = match tokio::time::timeout(self.operation_timeout, read).await {
+        let read = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
+            .bind(prefix.as_bytes())
+            .bind(prefix.len() as u64)
+            .bind(prefix.as_bytes())
+            .fetch_all(&mut *conn);
+        let rows = match tokio::time::timeout(self.operation_timeout, read).await {
             Ok(rows) => rows.map_err(|e| map_error(e, &what()))?,
             Err(_) => return Err(timed_out(&what(), self.operation_timeout)),
         };
-        let mut held = Vec::with_capacity(rows.len() + permits.len());
-        let rows = rows.into_iter().map(|r| (r, false));
-        for (row, permit) in rows.chain(permits.into_iter().map(|r| (r, true))) {
+        let mut held = Vec::with_capacity(rows.len());
+        for row in rows {
             let name: Vec<u8> = row.try_get(0).map_err(|e| map_error(e, &what()))?;
             // A row no distlock client could have written is not listed.
             let Some(name) = String::from_utf8(name)
@@ -192,18 +170,10 @@ impl Inner {
             else {
                 continue;
             };
-            let info = match permit {
-                false => info_of(&row, 1, &name)?,
-                true => permit_info(&row, 1, &name)?,
-            };
-            if let Some(info) = info {
+            if let Some(info) = info_of(&row, 1, &name)? {
                 held.push((name, info));
             }
         }
-        // Locks first, so a name seen both ways in this snapshot (a lock released and permits
-        // granted between the two reads) is listed once.
-        held.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        held.dedup_by(|b, a| a.0 == b.0);
         Ok(held)
     }
 }

@@ -32,8 +32,7 @@ impl Inner {
         }
         // The grant is gone unless one hold of several was let go: its signal goes too (also
         // when the answer was lost; a waiter woken in vain looks at the row and waits again).
-        // A permit takes no release signal (see `permit.rs`), so it has none to give up.
-        if let (Some(signals), true) = (&self.signals, g.permits <= 1) {
+        if let Some(signals) = &self.signals {
             if !matches!(released, Ok(Released::OneOfSeveral)) {
                 signals.released(&g.name, g.token.0);
             }
@@ -200,22 +199,6 @@ impl Inner {
         let owner = owner_text.as_bytes();
         let token = g.token.0;
         let fail = || self.err("releasing", &g.name);
-        // A permit's row is in the permit table, with the same columns and conditions.
-        let sql = match g.permits {
-            0 | 1 => [
-                &self.sql.release_last,
-                &self.sql.release_one,
-                &self.sql.probe,
-                &self.sql.clear_expired,
-            ],
-            _ => [
-                &self.sql.permit.release_last,
-                &self.sql.permit.release_one,
-                &self.sql.permit.probe,
-                &self.sql.permit.clear_expired,
-            ],
-        };
-        let [release_last, release_one, probe, clear_expired] = sql;
         let exec = |sql: &Arc<str>| {
             sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(name)
@@ -224,7 +207,7 @@ impl Inner {
         };
         for _ in 0..MAX_ROUNDS {
             let step: sqlx::Result<Option<Released>> = async {
-                if exec(release_last)
+                if exec(&self.sql.release_last)
                     .execute(&mut *conn)
                     .await?
                     .rows_affected()
@@ -232,10 +215,15 @@ impl Inner {
                 {
                     return Ok(Some(Released::Last));
                 }
-                if exec(release_one).execute(&mut *conn).await?.rows_affected() == 1 {
+                if exec(&self.sql.release_one)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1
+                {
                     return Ok(Some(Released::OneOfSeveral));
                 }
-                let live: Option<i64> = sqlx::query_scalar(AssertSqlSafe(probe.clone()))
+                let live: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.probe.clone()))
                     .bind(name)
                     .bind(owner)
                     .bind(token)
@@ -244,7 +232,7 @@ impl Inner {
                 match live {
                     None => Ok(Some(Released::NotHeld)),
                     Some(0) => {
-                        exec(clear_expired).execute(&mut *conn).await?;
+                        exec(&self.sql.clear_expired).execute(&mut *conn).await?;
                         Ok(Some(Released::NotHeld))
                     }
                     // Still live: another hold of this owner moved the count across 1 between

@@ -156,9 +156,7 @@ impl PrivateTables {
 
     pub async fn drop_all(&self) {
         let mut conn = self.raw().await;
-        // The permit table is named after the lock table (see the crate docs).
-        let permits = format!("{}_permits", self.locks);
-        for t in [&self.locks, &self.fencing, &self.audit, &permits] {
+        for t in [&self.locks, &self.fencing, &self.audit] {
             let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{t}`")))
                 .execute(&mut conn)
                 .await;
