@@ -36,7 +36,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(false)
     .fencing(Fencing::Durable)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// How long a polling waiter sleeps at most between two attempts by default
 /// ([`MongoConfig::backoff`]); the holder's expiry (read from the server with each attempt) wakes
@@ -232,6 +233,10 @@ impl DistributedLock for MongoLock {
         name: &distlock_api::LockName,
         token: distlock_api::FencingToken,
     ) -> distlock_api::Result<bool> {
+        // A permit goes by one conditional update; a lock by its releases.
+        if ops::permit::force_release(&self.locks, self.operation_timeout, name, token).await? {
+            return Ok(true);
+        }
         distlock_api::backend::force_release_by_releases(self, name, token).await
     }
 
@@ -241,7 +246,15 @@ impl DistributedLock for MongoLock {
         owner: &distlock_api::OwnerId,
         ttl: std::time::Duration,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+        // By the owner's own permit, which inspect (the oldest permit) may not show.
+        let own = ops::permit::own_permit(&self.locks, self.operation_timeout, name, owner, ttl);
+        match own.await? {
+            Some(g) if g.hold_count > self.core.holds_accounted(name, owner) => {
+                self.release(&g).await
+            }
+            Some(_) => Ok(false),
+            None => distlock_api::backend::give_back_by_release(self, name, owner, ttl).await,
+        }
     }
 
     fn core(&self) -> &ClientCore {
@@ -269,9 +282,12 @@ impl DistributedLock for MongoLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        ops::release_grant(&self.locks, self.operation_timeout, grant)
-            .await
-            .map_err(|e| e.with_lock(&grant.name))
+        let released = if grant.permits > 1 {
+            ops::permit::release(&self.locks, self.operation_timeout, grant).await
+        } else {
+            ops::release_grant(&self.locks, self.operation_timeout, grant).await
+        };
+        released.map_err(|e| e.with_lock(&grant.name))
     }
 
     /// One `findAndModify` (built by `commands::hand_over_pipeline`) when `from` still holds the lock,
@@ -285,11 +301,14 @@ impl DistributedLock for MongoLock {
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
+        if grant.permits > 1 {
+            return ops::permit::renew(&self.locks, self.operation_timeout, grant, ttl).await;
+        }
         ops::renew_grant(&self.locks, self.operation_timeout, grant, ttl).await
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        ops::renew_grants(&self.locks, self.operation_timeout, grants).await
+        ops::permit::renew_all(&self.locks, self.operation_timeout, grants).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -15,6 +15,8 @@
 
 use mongodb::bson::{doc, Bson, Document};
 
+mod permit;
+
 /// The holder's owner id, or `null` when the lock is free.
 pub const OWNER: &str = "owner";
 /// The holder's hold count (reentrant acquires), an `Int64`.
@@ -26,6 +28,15 @@ pub const EXPIRES_AT: &str = "expires_at";
 /// When the current (or latest) grant began by the server's clock, a BSON date: what an
 /// operator sees, never used to judge a lease.
 pub const GRANTED_AT: &str = "granted_at";
+/// A semaphore's permits held now or lately, oldest first (absent until the name's first
+/// permit): each `{ owner, count, token, expires_at, granted_at }` as the lock's own fields.
+pub const PERMITS: &str = "permits";
+/// The semaphore's size (its `max`), an `Int64`: set by the grant of a permit while none is
+/// live; what other requests for a permit must ask for while any is.
+pub const MAX: &str = "max";
+/// Bumped (an `Int64`) by every release that frees a permit: the update the change streams pass
+/// on to waiters, as they pass a lock's `owner` becoming `null`.
+pub const FREED: &str = "freed";
 /// Computed by the projections, never stored: the lease left by the server's clock, in ms.
 pub(crate) const REMAINING_MS: &str = "remaining_ms";
 
@@ -40,14 +51,16 @@ pub(crate) fn by_name(name: &str) -> Document {
 /// now + ttl. When we already hold it live it adds a hold, keeps the token and never shortens
 /// the lease. Otherwise the document stays as it was, which the server sees as a no-op write.
 pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
-    let held = doc! { "$and": [
-        { "$ne": [ { "$ifNull": ["$owner", Bson::Null] }, Bson::Null ] },
-        { "$gt": [ "$expires_at", "$$NOW" ] },
-    ] };
+    let held = lock_held();
     let until = lease_end(ttl_ms);
     vec![
         doc! { "$set": {
-            "_dl_take": { "$not": [ held.clone() ] },
+            // Live permits keep a lock out too: a lock is a semaphore of one permit, and the
+            // name is held with another number of them (the reply's read then says which).
+            "_dl_take": { "$and": [
+                { "$not": [ held.clone() ] },
+                { "$eq": [ { "$size": live_permits() }, 0 ] },
+            ] },
             "_dl_mine": { "$and": [ held, { "$eq": [ "$owner", owner ] } ] },
         } },
         doc! { "$set": {
@@ -73,6 +86,14 @@ pub(crate) fn acquire_pipeline(owner: &str, ttl_ms: i64) -> Vec<Document> {
     ]
 }
 
+/// Whether the lock (not a permit) is held live by someone.
+fn lock_held() -> Document {
+    doc! { "$and": [
+        { "$ne": [ { "$ifNull": ["$owner", Bson::Null] }, Bson::Null ] },
+        { "$gt": [ "$expires_at", "$$NOW" ] },
+    ] }
+}
+
 /// `$$NOW + ttl_ms`, the end of a lease granted now by the server's clock.
 fn lease_end(ttl_ms: i64) -> Document {
     doc! { "$dateAdd": { "startDate": "$$NOW", "unit": "millisecond", "amount": ttl_ms } }
@@ -83,7 +104,12 @@ fn lease_end(ttl_ms: i64) -> Document {
 /// the expiry it has now and keeps trusting it. Written as `$cond`, not `$max`, which the test
 /// server does not apply to dates.
 fn at_least(until: Document) -> Document {
-    doc! { "$cond": [ { "$gt": [until.clone(), "$expires_at"] }, until, "$expires_at" ] }
+    later_of(until, "$expires_at")
+}
+
+/// The later of the date at `current` (a field path) and `until`, as a `$cond` (see [`at_least`]).
+fn later_of(until: Document, current: &str) -> Document {
+    doc! { "$cond": [ { "$gt": [until.clone(), current] }, until, current ] }
 }
 
 /// What acquire reads back from its own update: the holder (if it is us, we hold the lock).
@@ -117,6 +143,8 @@ fn state_projection() -> Document {
         REMAINING_MS: { "$dateDiff": {
             "startDate": "$$NOW", "endDate": "$expires_at", "unit": "millisecond",
         } },
+        MAX: 1,
+        PERMITS: live_permits_seen(),
     } }
 }
 
@@ -216,6 +244,8 @@ pub(crate) fn free() -> Document {
 pub(crate) fn renew_pipeline(ttl_ms: i64) -> Vec<Document> {
     vec![doc! { "$set": { EXPIRES_AT: at_least(lease_end(ttl_ms)) } }]
 }
+
+pub(crate) use permit::*;
 
 #[cfg(test)]
 mod tests {

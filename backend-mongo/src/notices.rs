@@ -4,10 +4,11 @@
 //! A waiter that found its lock held subscribes to the name ([`Streams::subscribe`]). The first
 //! subscription opens the client's change stream; the others join it. The stream carries only
 //! the events that can free a lock — a delete or replacement of a lock document, or an update
-//! that sets its `owner` to `null` (a release to zero holds, an operator clearing the holder) —
-//! so neither failed attempts (which the server sees as no-op writes) nor renewals wake anyone.
-//! Each event wakes the subscribers of its document's `_id`, the lock name; they attempt, and a
-//! spurious wake-up costs one attempt. A lease that simply runs out sends no event: the waiter
+//! that sets its `owner` to `null` (a release to zero holds, an operator clearing the holder) or
+//! bumps its `freed` counter (a semaphore permit released) — so neither failed attempts (which
+//! the server sees as no-op writes) nor renewals wake anyone. Each event wakes the subscribers
+//! of its document's `_id`, the lock name; they attempt, and a spurious wake-up costs one
+//! attempt. A lease that simply runs out sends no event: the waiter
 //! wakes at the holder's expiry, which it reads with every attempt.
 //!
 //! When the stream breaks (the driver already resumes it across resumable errors, so this is a
@@ -36,7 +37,7 @@ use mongodb::change_stream::ChangeStream;
 use mongodb::Collection;
 use tokio::sync::{watch, OnceCell};
 
-use crate::commands::OWNER;
+use crate::commands::{FREED, OWNER};
 use crate::error::map_err;
 use crate::BACKEND;
 
@@ -179,6 +180,8 @@ impl Streams {
             ] } },
             { "operationType": "update", format!("updateDescription.updatedFields.{OWNER}"): { "$type": "null" } },
             { "operationType": "update", "updateDescription.removedFields": OWNER },
+            // A permit released (or force-released): `freed` is bumped only then.
+            { "operationType": "update", format!("updateDescription.updatedFields.{FREED}"): { "$exists": true } },
         ] } };
         // The driver needs `_id` (the resume token), `operationType` and `ns`; the name is the
         // document key. Nothing else is sent.

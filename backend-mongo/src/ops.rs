@@ -17,12 +17,17 @@ use crate::commands::{self, COUNT, GRANTED_AT, OWNER, REMAINING_MS, TOKEN};
 use crate::error::bounded;
 use crate::BACKEND;
 
+pub(crate) mod permit;
+
 /// One acquire attempt for `req` (see [`AcquireJob::run`]).
 pub(crate) async fn acquire(
     locks: &Collection<Document>,
     timeout: Duration,
     req: &AcquireRequest,
 ) -> Result<Attempt> {
+    if req.permits > 1 {
+        return permit::acquire(locks, timeout, req).await;
+    }
     let job = AcquireJob {
         locks: locks.clone(),
         req: req.clone(),
@@ -70,10 +75,12 @@ impl AcquireJob {
             if state.owner.as_deref() != Some(&*self.req.owner.text()) {
                 // Someone else holds it. The reply carries no server time, so ask how long the
                 // holder's lease runs, by the server's clock, to wake no later than its end.
-                let expires_in = read_state(&self.locks, self.timeout, &self.req.name)
-                    .await?
-                    .filter(State::is_held)
-                    .and_then(|s| s.remaining);
+                let state = read_state(&self.locks, self.timeout, &self.req.name).await?;
+                // Refused for live permits: the name is a semaphore's, of another size.
+                if let Some(max) = state.as_ref().and_then(permit::held_size) {
+                    return Err(permit::other_permits(&self.req, max));
+                }
+                let expires_in = state.filter(State::is_held).and_then(|s| s.remaining);
                 return Ok(Attempt::Held { expires_in });
             }
             return Ok(Attempt::Granted(Grant::new(
@@ -104,6 +111,8 @@ struct State {
     remaining: Option<Duration>,
     /// When the grant began, in ms since the epoch by the server's clock.
     since_ms: Option<i64>,
+    /// The name's permits, if it ever had any (never for a permit itself).
+    semaphore: Option<permit::Semaphore>,
 }
 
 impl State {
@@ -151,6 +160,7 @@ impl State {
             token,
             remaining,
             since_ms,
+            semaphore: permit::Semaphore::read(doc)?,
         })
     }
 
@@ -469,11 +479,8 @@ pub(crate) async fn inspect(
     timeout: Duration,
     name: &LockName,
 ) -> Result<Option<LockInfo>> {
-    match read_state(locks, timeout, name)
-        .await?
-        .filter(State::is_held)
-    {
-        Some(state) => state.info(name).map(Some),
+    match read_state(locks, timeout, name).await? {
+        Some(state) => permit::held_info(state, name),
         None => Ok(None),
     }
 }
@@ -506,8 +513,8 @@ pub(crate) async fn list(
             continue;
         };
         let state = State::read(&doc).map_err(|e| e.with_lock(&name))?;
-        if state.is_held() {
-            held.push((name.clone(), state.info(&name)?));
+        if let Some(info) = permit::held_info(state, &name)? {
+            held.push((name, info));
         }
     }
     Ok(held)

@@ -29,11 +29,14 @@ fn prefix_regex(prefix: &str) -> String {
 
 #[async_trait]
 impl Admin for MongoLock {
-    /// Clears the holder the way an operator would, keeping the fencing counter: deleting the
+    /// Clears the holder (and every permit) the way an operator would, keeping the fencing counter: deleting the
     /// document would also restart the counter, which the backend's docs forbid.
     async fn remove_holder(&self, name: &LockName) -> Result<()> {
         let clear = doc! {
-            "$set": { fields::OWNER: Bson::Null, fields::COUNT: 0_i64, fields::EXPIRES_AT: Bson::Null }
+            "$set": {
+                fields::OWNER: Bson::Null, fields::COUNT: 0_i64, fields::EXPIRES_AT: Bson::Null,
+                fields::PERMITS: [],
+            }
         };
         self.collection()
             .update_one(doc! { "_id": name.as_str() }, clear)
@@ -42,13 +45,16 @@ impl Admin for MongoLock {
         Ok(())
     }
 
-    /// Any document of names starting with `prefix` that still names an owner, live or
-    /// expired: a release clears the owner, and so does the release of a guard that outlived
+    /// Any document of names starting with `prefix` that still names an owner or has a
+    /// permit, live or expired: a release clears the owner, and so does the release of a guard that outlived
     /// its lease.
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
         let filter = doc! {
             "_id": { "$regex": prefix_regex(prefix) },
-            fields::OWNER: { "$ne": Bson::Null },
+            "$or": [
+                { fields::OWNER: { "$ne": Bson::Null } },
+                { format!("{}.0", fields::PERMITS): { "$exists": true } },
+            ],
         };
         let docs: Vec<Document> = self
             .collection()
