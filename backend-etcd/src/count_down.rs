@@ -10,8 +10,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::holds::Shared;
-use crate::notices::{Seen, Subscription};
-use crate::queue::WATCH_RETRY;
+use crate::notices::{Seen, Subscription, WATCH_RETRY};
 
 /// The entries older than a waiter's own, by key, with their create-revisions: complete as of
 /// the waiter's queueing read. Once every one is deleted, its entry is the oldest.

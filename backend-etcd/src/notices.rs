@@ -21,6 +21,9 @@ use tokio::sync::{broadcast, OnceCell};
 
 use crate::endpoints::Endpoints;
 
+/// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
+pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
+
 /// How often a directory's watch checks for waiters: it ends at the first check that finds
 /// none, and no new one since the check before (10–20 s after the last wait began). A hot
 /// lock's waiters come back well within this, and an idle client keeps no watches.

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use distlock_api::backend::wait::{self, Attempt};
 use distlock_api::backend::AcquireRequest;
@@ -17,10 +17,7 @@ use crate::holds::{
 };
 use crate::keys;
 use crate::lease::LeaseInfo;
-use crate::notices::{Seen, Subscription};
-
-/// The pause after a failed watch before the waiter looks again, so a broken watch cannot spin.
-pub(crate) const WATCH_RETRY: Duration = Duration::from_millis(50);
+use crate::notices::{Seen, Subscription, WATCH_RETRY};
 
 /// The most entries the queueing reads back. A waiter that saw every entry older than its own
 /// (a queue at most this deep) and was subscribed to the directory's deletes before it read

@@ -9,6 +9,7 @@ mod notices;
 mod ops;
 mod permits;
 mod redlock;
+mod scripts;
 #[cfg(feature = "testing")]
 pub mod testing;
 

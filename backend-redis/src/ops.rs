@@ -2,56 +2,17 @@
 //! mean.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{LazyLock, PoisonError, RwLock};
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
 use futures::FutureExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::config::{Endpoint, Options};
 use crate::keys::KeySpace;
-use crate::permits::other_permits;
-
-/// One script: its source (for SCRIPT LOAD) and the driver's handle, which sends EVALSHA and,
-/// on NOSCRIPT (a restarted or flushed server), loads the script and retries once.
-pub(crate) struct Lua {
-    pub(crate) source: &'static str,
-    pub(crate) script: Script,
-}
-
-impl Lua {
-    pub(crate) fn new(source: &'static str) -> Self {
-        Self {
-            source,
-            script: Script::new(source),
-        }
-    }
-}
-
-/// The scripts every operation runs, hashed once per process.
-struct Scripts {
-    acquire: Lua,
-    release: Lua,
-    handover: Lua,
-    renew: Lua,
-    inspect: Lua,
-    fence: Lua,
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Lua::new(include_str!("acquire.lua")),
-    release: Lua::new(include_str!("release.lua")),
-    handover: Lua::new(include_str!("handover.lua")),
-    renew: Lua::new(include_str!("renew.lua")),
-    // Its semaphore branch uses the permit scripts' shared functions.
-    inspect: Lua::new(concat!(
-        include_str!("permits.lua"),
-        include_str!("inspect.lua")
-    )),
-    fence: Lua::new(include_str!("fence.lua")),
-});
+use crate::scripts;
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,19 +150,8 @@ impl Server {
 
     /// Loads every script once up front, so the first lock call is one EVALSHA.
     async fn load_scripts(&self) -> Result<()> {
-        let s = &*SCRIPTS;
         let mut pipe = redis::pipe();
-        for lua in [
-            &s.acquire,
-            &s.release,
-            &s.handover,
-            &s.renew,
-            &s.inspect,
-            &s.fence,
-        ]
-        .into_iter()
-        .chain(crate::permits::scripts())
-        {
+        for lua in scripts::all() {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
         }
         let mut conn = self.conn();
@@ -249,7 +199,7 @@ impl Server {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<Acquired> {
-        let mut inv = SCRIPTS.acquire.script.prepare_invoke();
+        let mut inv = scripts::LOCK.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.semaphore_key(name))
@@ -281,17 +231,22 @@ impl Server {
         owner: &OwnerId,
         token: u64,
     ) -> Result<Option<u32>> {
-        let mut inv = SCRIPTS.release.script.prepare_invoke();
+        let mut inv = scripts::LOCK.release.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
             .arg(self.keys.channel(name));
-        match int(self.run("release", inv).await?) {
+        let reply = self.run("release", inv).await?;
+        self.holds_left("release", reply)
+    }
+
+    /// A release script's answer: the holds left (0: freed and published), or `None` (-1) when
+    /// the grant held nothing here.
+    pub(crate) fn holds_left(&self, what: &str, reply: Value) -> Result<Option<u32>> {
+        match int(reply) {
             Some(-1) => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| self.bad_reply("release")),
-            None => Err(self.bad_reply("release")),
+            Some(n) => u32::try_from(n).map(Some).map_err(|_| self.bad_reply(what)),
+            None => Err(self.bad_reply(what)),
         }
     }
 
@@ -305,7 +260,7 @@ impl Server {
         to: &OwnerId,
         ttl: Duration,
     ) -> Result<HandedOver> {
-        let mut inv = SCRIPTS.handover.script.prepare_invoke();
+        let mut inv = scripts::LOCK.handover.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .arg(&*owner.text())
@@ -333,7 +288,7 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = SCRIPTS.renew.script.prepare_invoke();
+        let mut inv = scripts::LOCK.renew.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
@@ -354,7 +309,7 @@ impl Server {
         token: u64,
         derived: u64,
     ) -> Result<bool> {
-        let mut inv = SCRIPTS.fence.script.prepare_invoke();
+        let mut inv = scripts::LOCK.fence.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .arg(&*owner.text())
@@ -416,7 +371,7 @@ impl Server {
     }
 
     async fn inspect_keys(&self, name: &LockName, permits: bool) -> Result<Option<Holder>> {
-        let mut inv = SCRIPTS.inspect.script.prepare_invoke();
+        let mut inv = scripts::LOCK.inspect.script.prepare_invoke();
         inv.key(self.keys.lock_key(name));
         if permits {
             inv.key(self.keys.holders_key(name))
@@ -522,4 +477,12 @@ pub(crate) fn ints(v: Value) -> Option<Vec<i64>> {
         Value::Array(items) => items.into_iter().map(int).collect(),
         _ => None,
     }
+}
+
+/// The refusal of a request for `asked` permits of `name`, which is held with `held`.
+pub(crate) fn other_permits(name: &LockName, held: i64, asked: u32) -> Error {
+    Error::invalid(format!(
+        "{name} is held with {held} permit(s), not the {asked} this request asks for"
+    ))
+    .with_lock(name)
 }

@@ -8,48 +8,11 @@
 //! request (one permit) keeps to the lock's own scripts; `acquire.lua` checks only that the
 //! permit data does not exist.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use crate::ops::{int, ints, millis, pttl_of, Acquired, Lua, Server};
-use distlock_api::{Error, LockName, OwnerId, Result};
-
-/// The permit scripts, each after the functions they share (`permits.lua`).
-struct Scripts {
-    acquire: Lua,
-    release: Lua,
-    renew: Lua,
-    force: Lua,
-    owner: Lua,
-}
-
-macro_rules! permit_script {
-    ($file:literal) => {
-        Lua::new(concat!(include_str!("permits.lua"), include_str!($file)))
-    };
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: permit_script!("permit_acquire.lua"),
-    release: permit_script!("permit_release.lua"),
-    renew: permit_script!("permit_renew.lua"),
-    force: permit_script!("permit_force.lua"),
-    owner: permit_script!("permit_of.lua"),
-});
-
-/// The permit scripts, for loading at connect.
-pub(crate) fn scripts() -> [&'static Lua; 5] {
-    let s = &*SCRIPTS;
-    [&s.acquire, &s.release, &s.renew, &s.force, &s.owner]
-}
-
-/// The refusal of a request for `asked` permits of `name`, which is held with `held`.
-pub(crate) fn other_permits(name: &LockName, held: i64, asked: u32) -> Error {
-    Error::invalid(format!(
-        "{name} is held with {held} permit(s), not the {asked} this request asks for"
-    ))
-    .with_lock(name)
-}
+use crate::ops::{int, ints, millis, other_permits, pttl_of, Acquired, Server};
+use crate::scripts::PERMIT;
+use distlock_api::{LockName, OwnerId, Result};
 
 /// What the permit-of script found for an owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +34,7 @@ impl Server {
         ttl: Duration,
         max: u32,
     ) -> Result<Acquired> {
-        let mut inv = SCRIPTS.acquire.script.prepare_invoke();
+        let mut inv = PERMIT.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.holders_key(name))
@@ -103,19 +66,14 @@ impl Server {
         owner: &OwnerId,
         token: u64,
     ) -> Result<Option<u32>> {
-        let mut inv = SCRIPTS.release.script.prepare_invoke();
+        let mut inv = PERMIT.release.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
             .arg(token)
             .arg(self.keys.channel(name));
-        match int(self.run("permit release", inv).await?) {
-            Some(-1) => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| self.bad_reply("permit release")),
-            None => Err(self.bad_reply("permit release")),
-        }
+        let reply = self.run("permit release", inv).await?;
+        self.holds_left("permit release", reply)
     }
 
     /// Runs the permit renew script: whether the grant `(owner, token)` still held its permit;
@@ -127,7 +85,7 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = SCRIPTS.renew.script.prepare_invoke();
+        let mut inv = PERMIT.renew.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
@@ -147,7 +105,7 @@ impl Server {
         name: &LockName,
         token: u64,
     ) -> Result<Option<bool>> {
-        let mut inv = SCRIPTS.force.script.prepare_invoke();
+        let mut inv = PERMIT.force.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(token)
@@ -162,7 +120,7 @@ impl Server {
 
     /// Runs the permit-of script: `owner`'s own permit of `name`, whichever it is.
     pub(crate) async fn permit_of(&self, name: &LockName, owner: &OwnerId) -> Result<PermitOf> {
-        let mut inv = SCRIPTS.owner.script.prepare_invoke();
+        let mut inv = PERMIT.owner.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text());
