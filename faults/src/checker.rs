@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::clock::ms_between;
-use crate::history::{Fault, OpId, Rec};
+use crate::history::{killed_end, Fault, OpId, Rec};
 use crate::resource::Cell;
 
 /// What the scenario makes legitimate.
@@ -162,6 +162,7 @@ pub(crate) fn check(
             complete,
             token: Some(token),
             owner,
+            fixed,
             ..
         } = r
         else {
@@ -185,7 +186,7 @@ pub(crate) fn check(
         });
         let (end, why, lost) = match (ended, killed.get(&id.pid)) {
             (Some((end, why, lost)), _) => (end, why, lost || learned),
-            (None, Some(&at)) => (at, "process killed".to_string(), false),
+            (None, Some(&at)) => (killed_end(&by_id[id], *fixed, at), "killed".into(), false),
             (None, None) => (run_end, "no end recorded: the run's end".to_string(), false),
         };
         grants.push(Grant {

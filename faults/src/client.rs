@@ -218,6 +218,7 @@ impl Worker {
                 safe_until: None,
                 ttl_ms: None,
                 shared: self.shared,
+                fixed: matches!(action, Action::Expire | Action::Extend | Action::Zombie),
             };
             let guard = match result {
                 None => {

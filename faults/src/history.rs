@@ -50,6 +50,10 @@ pub(crate) enum Rec {
         ttl_ms: Option<u64>,
         /// Whether the task's handle is shared with other tasks of the process.
         shared: bool,
+        /// Whether the lease is fixed (no watchdog): the guard then believes no longer than its
+        /// safe-until, the grant's or the last extend's.
+        #[serde(default)]
+        fixed: bool,
     },
     /// The end of a grant's believed holding: the earliest of release invoked, the guard
     /// dropped, `lost()` fired and safe-until.
@@ -189,4 +193,19 @@ pub(crate) struct Fault {
     pub(crate) recover_from: bool,
     /// An out-of-band deletion of this lock name.
     pub(crate) deleted: Option<String>,
+}
+
+/// When the holder of a grant (`recs`: its records) killed at `at` stopped believing: at the
+/// kill, or earlier at the last safe-until its guard was given (by the acquire or the last
+/// extend) if its lease was `fixed`, as a zombie killed while it stalls past it. A watchdog
+/// lease's safe-until moves with renewals the history does not record: the kill, then.
+pub(crate) fn killed_end(recs: &[&Rec], fixed: bool, at: u64) -> u64 {
+    let last = recs.iter().filter_map(|r| match r {
+        Rec::Acquire { safe_until, .. } | Rec::Extend { safe_until, .. } => *safe_until,
+        _ => None,
+    });
+    match last.max() {
+        Some(until) if fixed => until.min(at),
+        _ => at,
+    }
 }

@@ -16,6 +16,7 @@ fn acquire(pid: u32, seq: u64, token: u64, complete: u64) -> Rec {
         safe_until: None,
         ttl_ms: None,
         shared: false,
+        fixed: false,
     }
 }
 
@@ -102,7 +103,25 @@ fn a_killed_holder_believes_until_its_death_and_recovery_is_measured() {
         c.violations.len(),
         1,
         "granted while the killed one still believed"
-    );
+    ); // A fixed lease stops the killed holder's belief at its safe-until (a zombie killed while it
+       // stalls past it), not at the kill: a grant after the safe-until is no violation, one before
+       // it still is.
+    let fixed = |complete, until| {
+        let mut r = acquire(1, 1, 1, complete);
+        if let Rec::Acquire {
+            safe_until, fixed, ..
+        } = &mut r
+        {
+            (*safe_until, *fixed) = (Some(until), true);
+        }
+        r
+    };
+    let after = [fixed(10, 30), acquire(2, 1, 2, 40), end(2, 1, 70)];
+    let c = check(&after, &faults, &BTreeMap::new(), 100, Expect::default());
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    let before = [fixed(10, 45), acquire(2, 1, 2, 40), end(2, 1, 70)];
+    let c = check(&before, &faults, &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 1, "granted before the safe-until");
 }
 
 #[test]
