@@ -242,18 +242,15 @@ impl DistributedLock for MongoLock {
 
     async fn give_back(
         &self,
-        name: &distlock_api::LockName,
-        owner: &distlock_api::OwnerId,
-        ttl: std::time::Duration,
+        surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
         // By the owner's own permit, which inspect (the oldest permit) may not show.
+        let (name, owner, ttl) = (&surplus.name, &surplus.owner, surplus.ttl);
         let own = ops::permit::own_permit(&self.locks, self.operation_timeout, name, owner, ttl);
         match own.await? {
-            Some(g) if g.hold_count > self.core.holds_accounted(name, owner) => {
-                self.release(&g).await
-            }
+            Some(g) if surplus.is_in(&self.core, g.hold_count) => self.release(&g).await,
             Some(_) => Ok(false),
-            None => distlock_api::backend::give_back_by_release(self, name, owner, ttl).await,
+            None => distlock_api::backend::give_back_by_release(self, surplus).await,
         }
     }
 

@@ -9,7 +9,7 @@ use distlock_api::backend::{async_trait, lost, AcquireRequest, ClientCore};
 use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Fencing, FencingToken, Grant, LeaseKind, LockInfo,
-    LockName, OwnerId, Result, TtlSupport,
+    LockName, Result, TtlSupport,
 };
 
 use crate::config::RedisConfig;
@@ -186,16 +186,17 @@ impl DistributedLock for RedisLock {
         }
     }
 
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
+    async fn give_back(&self, surplus: &distlock_api::backend::Surplus) -> Result<bool> {
         // The owner's own permit, which need not be the oldest one `inspect` shows.
+        let (name, owner) = (&surplus.name, &surplus.owner);
         match self.shared.server.permit_of(name, owner).await? {
             PermitOf::NoSemaphore => {
-                distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+                distlock_api::backend::give_back_by_release(self, surplus).await
             }
             PermitOf::NotHeld => Ok(false),
             // Accounted holds are read after the server's count, as give_back asks.
             PermitOf::Held { token, count } => {
-                if count <= self.core.holds_accounted(name, owner) {
+                if !surplus.is_in(&self.core, count) {
                     return Ok(false);
                 }
                 let released = self

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::backend::wait::Attempt;
-use distlock_api::backend::AcquireRequest;
+use distlock_api::backend::{AcquireRequest, Surplus};
 use distlock_redis::redis::{self, AsyncCommands};
 use distlock_redis::{
     DistributedLock, ErrorKind, LockExt, LockName, LockOptions, LostReason, RedisConfig,
@@ -292,9 +292,22 @@ async fn give_back_takes_the_surplus_hold_of_the_owners_own_permit() {
     };
     assert_eq!((extra.token, extra.hold_count), (mine.token(), 2));
     let ttl = Duration::from_secs(30);
-    assert!(c.give_back(&name, mine.owner(), ttl).await.unwrap());
+    assert!(c
+        .give_back(&Surplus::of_acquire(
+            name.clone(),
+            mine.owner().clone(),
+            ttl
+        ))
+        .await
+        .unwrap());
     assert!(
-        !c.give_back(&name, mine.owner(), ttl).await.unwrap(),
+        !c.give_back(&Surplus::of_acquire(
+            name.clone(),
+            mine.owner().clone(),
+            ttl
+        ))
+        .await
+        .unwrap(),
         "no surplus left"
     );
     let (_, data) = semaphore(&name).await;
@@ -307,9 +320,15 @@ async fn give_back_takes_the_surplus_hold_of_the_owners_own_permit() {
     let owner = mine.owner().clone();
     assert!(mine.release().await.unwrap());
     // Nothing to give back for an owner that holds no permit, or on a free name.
-    assert!(!c.give_back(&name, &owner, ttl).await.unwrap());
+    assert!(!c
+        .give_back(&Surplus::of_acquire(name.clone(), owner.clone(), ttl))
+        .await
+        .unwrap());
     assert!(oldest.release().await.unwrap());
-    assert!(!c.give_back(&name, &owner, ttl).await.unwrap());
+    assert!(!c
+        .give_back(&Surplus::of_acquire(name.clone(), owner.clone(), ttl))
+        .await
+        .unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

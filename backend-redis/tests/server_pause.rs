@@ -117,6 +117,42 @@ async fn a_reentry_a_paused_server_applies_late_leaves_only_the_guards_hold() {
     );
 }
 
+/// The release of a re-entered hold, sent to a paused server: its answer is lost, and the server
+/// applies it when it resumes. The client settles the release in the background, and must not
+/// take a second hold with it: the outer guard's hold stays (hold count 1, another client
+/// refused) until the outer guard's release frees the lock.
+#[tokio::test]
+async fn an_inner_release_a_paused_server_applies_late_leaves_the_outer_hold() {
+    if skipped() {
+        return;
+    }
+    let server = PrivateRedis::start_free();
+    let (a, b) = (client(&server).await, client(&server).await);
+    let name = "paused-mid-inner-release";
+    let long = LockOptions::new().ttl(Duration::from_secs(600));
+    let outer = a.try_lock_with(name, &long).await.unwrap().expect("free");
+    let inner = outer.reenter_with(&long).await.unwrap();
+    assert_eq!(inner.hold_count(), 2);
+    server.signal("STOP");
+    let e = inner
+        .release()
+        .await
+        .expect_err("released on a paused server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    server.signal("CONT");
+    // Time for the background settlement's first tries (50 ms, then 100, 200, ...).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let info = b
+        .holder(name)
+        .await
+        .unwrap()
+        .expect("the outer hold went too");
+    assert_eq!((&info.owner, info.hold_count), (outer.owner(), 1));
+    assert!(b.try_lock(name).await.unwrap().is_none());
+    assert!(outer.release().await.unwrap());
+    assert!(b.try_lock(name).await.unwrap().is_some());
+}
+
 /// A release that hands the lock to a waiting task of its handle, sent to a paused server: the
 /// answer is lost, so neither the release nor the new grant is known to have happened. The
 /// server applies the hand-over when it resumes; the task's own attempt meanwhile fails too.

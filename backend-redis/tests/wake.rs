@@ -129,11 +129,9 @@ impl DistributedLock for Counted {
 
     async fn give_back(
         &self,
-        name: &distlock_api::LockName,
-        owner: &distlock_api::OwnerId,
-        ttl: std::time::Duration,
+        surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+        distlock_api::backend::give_back_by_release(self, surplus).await
     }
 
     fn core(&self) -> &ClientCore {

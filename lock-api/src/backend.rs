@@ -16,6 +16,7 @@ pub use crate::grant::{
 };
 pub use crate::keeper::Hold;
 pub use crate::lock::{ClientCore, LeaseKeeper};
+pub use crate::lost_reply::Surplus;
 pub use crate::wakes::HANDED_IN_A_ROW;
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;

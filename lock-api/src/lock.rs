@@ -12,6 +12,7 @@ use crate::capability::{Capabilities, Profile};
 use crate::error::{Error, ErrorKind, LostReason, Result};
 use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::keeper::{Hold, HoldState, Holds};
+use crate::lost_reply::Surplus;
 use crate::name::{LockName, OwnerId};
 use crate::wakes::LocalWakes;
 use crate::watchdog::{Renewer, Watchdog};
@@ -187,18 +188,20 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// whole implementation.
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool>;
 
-    /// Gives back the hold that an acquire of `name` by `owner` may have added when its outcome
-    /// is unknown (the request went out, the answer never came): one hold, if `owner` has more
-    /// holds than this handle's guards and acquires in flight account for
-    /// ([`ClientCore::holds_accounted`], read *after* the server's count). `Ok(true)` if one was
-    /// given back, `Ok(false)` if there is no surplus (yet).
+    /// Settles a request whose answer was lost, by taking away at most one hold: the one an
+    /// acquire of `surplus.name` by `surplus.owner` may have added, or the one a release was
+    /// taking away. It takes one only if the server has it: if the owner has more holds there
+    /// than this handle accounts for, the released ones aside ([`Surplus::is_in`], read *after*
+    /// the server's count). `Ok(true)` if one was taken, `Ok(false)` if there is none (yet).
     ///
     /// The conveniences call it in the background until the lease asked for has run out (after
     /// that, a grant the server applied late has expired by itself), on backends with per-lock
     /// leases; session-bound backends clean up with their session. Where a release needs no
     /// [`Grant::key`], [`backend::give_back_by_release`](crate::backend::give_back_by_release)
     /// is the whole implementation.
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool>;
+    ///
+    /// [`Surplus::is_in`]: crate::backend::Surplus::is_in
+    async fn give_back(&self, surplus: &Surplus) -> Result<bool>;
 }
 
 /// The state every client handle carries, written once here for every backend: the backend's
@@ -314,8 +317,9 @@ impl ClientCore {
     }
 
     /// How many holds of `name` by `owner` this handle accounts for: its live guards (of
-    /// networked backends) and its acquires in flight. A [`give_back`](DistributedLock::give_back)
-    /// leaves that many: it takes away only the surplus that lost requests left.
+    /// networked backends), its acquires in flight and its releases not yet settled. A
+    /// [`give_back`](DistributedLock::give_back) leaves that many, those it releases aside: it
+    /// takes away only the surplus that lost requests left.
     pub fn holds_accounted(&self, name: &LockName, owner: &OwnerId) -> u32 {
         self.holds.of(name, owner)
     }

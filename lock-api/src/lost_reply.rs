@@ -18,6 +18,14 @@
 //! that the server applies between a give-back's look and its release makes the release take
 //! that re-entry's hold instead of the lost one; the count of holds is then one short, and the
 //! lock frees at the second-to-last release of that owner's guards.)
+//!
+//! A release whose answer was lost is settled the same way, never by sending it again blind:
+//! where the owner has several holds (a re-entry), a release the server applied and then
+//! applied again would take a hold a live guard relies on, and the lock would be free while
+//! that guard still holds it. The released hold stays counted until the release is settled,
+//! so the retry takes one hold only while the server has *at least* as many as this handle
+//! accounts for ([`Surplus::leaving`]): if the lost release was applied, the server has one
+//! fewer, and nothing more is taken.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +33,7 @@ use std::time::Duration;
 use crate::capability::LeaseKind;
 use crate::error::ErrorKind;
 use crate::grant::{drift, AcquireRequest, Grant};
-use crate::lock::DistributedLock;
+use crate::lock::{ClientCore, DistributedLock};
 use crate::name::{LockName, OwnerId};
 use crate::observe::{self, Settling};
 
@@ -86,14 +94,8 @@ pub(crate) fn acquire_failed(
 ) {
     if answer_lost(&**this, kind) {
         observe::settling(this.core().backend(), req.name.as_str(), Settling::GiveBack);
-        tokio::spawn(settle(
-            this.clone(),
-            Job::GiveBack {
-                name: req.name.clone(),
-                owner: req.owner.clone(),
-                ttl: req.ttl,
-            },
-        ));
+        let surplus = Surplus::of_acquire(req.name.clone(), req.owner.clone(), req.ttl);
+        tokio::spawn(settle(this.clone(), surplus));
     }
 }
 
@@ -121,50 +123,78 @@ impl Drop for Uncount<'_> {
     }
 }
 
-/// A request whose answer was lost, to settle with the server.
-pub(crate) enum Job {
-    /// Give back the hold an acquire may have added.
-    GiveBack {
-        name: LockName,
-        owner: OwnerId,
-        ttl: Duration,
-    },
-    /// Take away one hold of a grant (counted in [`Holds`](crate::keeper::Holds) until the server answers).
-    Release(Grant),
+/// What a [`give_back`](DistributedLock::give_back) may take away: one hold of `owner`'s on
+/// `name` that nothing on this handle accounts for, if the server has one.
+#[derive(Clone, Debug)]
+pub struct Surplus {
+    /// The lock.
+    pub name: LockName,
+    /// Whose hold it is.
+    pub owner: OwnerId,
+    /// The lease the lost request asked for.
+    pub ttl: Duration,
+    /// How many of the holds this handle accounts for are the ones being taken away: 1 when
+    /// a release whose answer was lost is settled (its hold stays counted until then), 0 when
+    /// an acquire's is.
+    pub leaving: u32,
 }
 
-/// Settles `job` until the server answers it or its lease has run out. The job keeps the client
-/// alive meanwhile: a client dropped right after a lost answer still cleans up after itself.
-pub(crate) async fn settle(lock: Arc<dyn DistributedLock>, job: Job) {
-    let ttl = match &job {
-        Job::GiveBack { ttl, .. } => *ttl,
-        Job::Release(grant) => grant.ttl,
-    };
-    let until = tokio::time::Instant::now() + ttl + drift(ttl);
+impl Surplus {
+    /// A hold an acquire whose answer was lost may have added.
+    pub fn of_acquire(name: LockName, owner: OwnerId, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner,
+            ttl,
+            leaving: 0,
+        }
+    }
+
+    /// The hold a release of `grant` whose answer was lost was taking away, if the server still
+    /// has it.
+    pub fn of_release(grant: &Grant) -> Self {
+        Self {
+            name: grant.name.clone(),
+            owner: grant.owner.clone(),
+            ttl: grant.ttl,
+            leaving: 1,
+        }
+    }
+
+    /// Whether the server's `count` of the owner's holds on the name includes one to take: more
+    /// than this handle accounts for, not counting those [`leaving`](Self::leaving). Call it
+    /// with `core` read *after* the server's count (see the [module](self) docs).
+    pub fn is_in(&self, core: &ClientCore, count: u32) -> bool {
+        count + self.leaving > core.holds_accounted(&self.name, &self.owner)
+    }
+}
+
+/// Settles a request whose answer was lost, until the server answers or the lease asked for has
+/// run out: gives back `surplus` ([`DistributedLock::give_back`]). An acquire's is looked for
+/// again while the server reports none (the late request may still land); a release's is settled
+/// by any answer (the server took the hold, or has fewer than the handle counts: the release
+/// landed), and its hold is uncounted then. The job keeps the client alive meanwhile: a client
+/// dropped right after a lost answer still cleans up after itself.
+pub(crate) async fn settle(lock: Arc<dyn DistributedLock>, surplus: Surplus) {
+    let until = tokio::time::Instant::now() + surplus.ttl + drift(surplus.ttl);
+    let releasing = surplus.leaving > 0;
     let mut pause = Duration::from_millis(50);
     loop {
-        let done = match &job {
-            // Not given back (yet): the late request may still land; look again.
-            Job::GiveBack { name, owner, ttl } => match lock.give_back(name, owner, *ttl).await {
-                Ok(given_back) => given_back,
-                Err(e) => !e.is_temporary(),
-            },
-            // Any answer settles a release: it took the hold, or the hold was gone.
-            Job::Release(grant) => match lock.release(grant).await {
-                Ok(_) => true,
-                Err(e) => !e.is_temporary(),
-            },
+        let done = match lock.give_back(&surplus).await {
+            Ok(given_back) => given_back || releasing,
+            Err(e) => !e.is_temporary(),
         };
         let now = tokio::time::Instant::now();
         if done || now >= until {
-            let (name, what) = match &job {
-                Job::GiveBack { name, .. } => (name, Settling::GiveBack),
-                Job::Release(grant) => {
-                    lock.core().holds().remove(&grant.name, &grant.owner);
-                    (&grant.name, Settling::Release)
+            let what = match releasing {
+                true => {
+                    let holds = lock.core().holds();
+                    holds.remove(&surplus.name, &surplus.owner);
+                    Settling::Release
                 }
+                false => Settling::GiveBack,
             };
-            observe::settled(lock.core().backend(), name.as_str(), what, done);
+            observe::settled(lock.core().backend(), surplus.name.as_str(), what, done);
             return;
         }
         tokio::time::sleep_until((now + pause).min(until)).await;

@@ -8,14 +8,15 @@ use crate::backend::wait::HandOver;
 use crate::error::Result;
 use crate::grant::Grant;
 use crate::lock::DistributedLock;
-use crate::lost_reply::{answer_lost, settle, Job, Uncount};
+use crate::lost_reply::{answer_lost, settle, Surplus, Uncount};
 use crate::observe::{self, Settling};
 use crate::wakes::{Handed, Offer};
 
 /// Releases one hold of `grant` (a guard's, counted in [`Holds`](crate::keeper::Holds)), and settles the count: it
 /// goes once the server has answered. A release whose answer was lost is sent again in the
 /// background until one is answered or the lease has run out; the caller gets the first
-/// attempt's outcome.
+/// attempt's outcome. A retry takes the hold only if the server still has it, never one more
+/// ([`Surplus`]).
 ///
 /// On a backend that [hands locks over](crate::Profile::hands_over), a waiter of this handle
 /// for the name that offered to take the lock gets it in the same request
@@ -42,7 +43,7 @@ pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -
                 grant.name.as_str(),
                 Settling::Release,
             );
-            tokio::spawn(settle(backend.clone(), Job::Release(grant.clone())));
+            tokio::spawn(settle(backend.clone(), Surplus::of_release(grant)));
         }
     }
     released
@@ -85,17 +86,11 @@ async fn hand_over(
             drop(uncount_new);
             if answer_lost(&**backend, e.kind()) {
                 observe::settling(core.backend(), to.name.as_str(), Settling::GiveBack);
-                tokio::spawn(settle(
-                    backend.clone(),
-                    Job::GiveBack {
-                        name: to.name.clone(),
-                        owner: to.owner.clone(),
-                        ttl: to.ttl,
-                    },
-                ));
+                let waiters = Surplus::of_acquire(to.name.clone(), to.owner.clone(), to.ttl);
+                tokio::spawn(settle(backend.clone(), waiters));
                 uncount.0 = None;
                 observe::settling(core.backend(), grant.name.as_str(), Settling::Release);
-                tokio::spawn(settle(backend.clone(), Job::Release(grant.clone())));
+                tokio::spawn(settle(backend.clone(), Surplus::of_release(grant)));
             }
             Err(e)
         }

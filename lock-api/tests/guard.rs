@@ -202,11 +202,9 @@ impl DistributedLock for Remote {
     }
     async fn give_back(
         &self,
-        name: &distlock_api::LockName,
-        owner: &distlock_api::OwnerId,
-        ttl: Duration,
+        surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+        distlock_api::backend::give_back_by_release(self, surplus).await
     }
     fn core(&self) -> &distlock_api::backend::ClientCore {
         self.inner.core()
@@ -310,11 +308,9 @@ impl DistributedLock for Batching {
     }
     async fn give_back(
         &self,
-        name: &distlock_api::LockName,
-        owner: &distlock_api::OwnerId,
-        ttl: Duration,
+        surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+        distlock_api::backend::give_back_by_release(self, surplus).await
     }
     fn profile(&self) -> distlock_api::Profile {
         distlock_api::Profile::new(self.inner.capabilities()).renew_batch(self.batch)

@@ -14,7 +14,7 @@ use distlock_api::backend::{AcquireRequest, ClientCore};
 use distlock_api::Profile;
 use distlock_api::{
     DistributedLock, ErrorKind, FencingToken, Grant, LockExt, LockInfo, LockName, MemoryStore,
-    OwnerId, Result,
+    Result,
 };
 
 /// A memory client seen as a networked backend that waits the given way, counting the attempts
@@ -62,8 +62,8 @@ impl DistributedLock for Remote {
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
         distlock_api::backend::force_release_by_releases(self, name, token).await
     }
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
-        distlock_api::backend::give_back_by_release(self, name, owner, ttl).await
+    async fn give_back(&self, surplus: &distlock_api::backend::Surplus) -> Result<bool> {
+        distlock_api::backend::give_back_by_release(self, surplus).await
     }
     fn core(&self) -> &ClientCore {
         self.inner.core()

@@ -252,6 +252,7 @@ impl Shared {
         join: Option<Join>,
     ) {
         let until = Instant::now() + ttl + drift(ttl);
+        let resend = self.may_resend(name, owner);
         let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
         finish_late(pending, move |i, r| {
             let (t, joins) = match r {
@@ -292,7 +293,7 @@ impl Shared {
                             return;
                         }
                     }
-                    s.release_until(i, &name, &owner, t, until).await;
+                    s.release_until(i, &name, &owner, (t, resend), until).await;
                 }
                 .boxed(),
             )
@@ -343,7 +344,7 @@ impl Shared {
     /// Releases the holds (master, token) a failed round got, waiting up to `within` for every
     /// one of those masters (they answered a moment ago), so a refusal leaves nothing behind on
     /// them; a release that fails or is late is sent again in the background until it is
-    /// answered or the lease (`ttl`) has run out.
+    /// answered or the lease (`ttl`) has run out, where [that is safe](Self::may_resend).
     pub(super) async fn give_back(
         self: &Arc<Self>,
         name: &LockName,
@@ -353,6 +354,7 @@ impl Shared {
         within: Duration,
     ) {
         let until = Instant::now() + ttl + drift(ttl);
+        let resend = self.may_resend(name, owner);
         let targets: Vec<usize> = got.iter().map(|g| g.0).collect();
         let mut tokens = vec![0; self.n()];
         for &(i, t) in got {
@@ -363,7 +365,7 @@ impl Shared {
                 (self.clone(), name.clone(), owner.clone(), tokens.clone());
             move |i: usize| -> BoxFuture<'static, ()> {
                 let (s, name, owner, t) = (s.clone(), name.clone(), owner.clone(), tokens[i]);
-                async move { s.release_until(i, &name, &owner, t, until).await }.boxed()
+                async move { s.release_until(i, &name, &owner, (t, true), until).await }.boxed()
             }
         };
         let (name, owner) = (name.clone(), owner.clone());
@@ -373,11 +375,13 @@ impl Shared {
         });
         let deadline = Instant::now() + within;
         while let Some((i, r)) = next_before(&mut pending, deadline).await {
-            if r.is_err() {
+            if r.is_err() && resend {
                 tokio::spawn(retry(i));
             }
         }
-        finish_late(pending, move |i, r| r.is_err().then(|| retry(i)));
+        finish_late(pending, move |i, r| {
+            (r.is_err() && resend).then(|| retry(i))
+        });
     }
 
     /// The outcome of a failed attempt: `Held` while a majority answered, else the errors.

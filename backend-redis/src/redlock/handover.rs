@@ -236,7 +236,7 @@ impl Shared {
     /// Releases the old grant's hold on master `i`.
     fn release_from(self: Arc<Self>, i: usize, p: Parties) -> BoxFuture<'static, ()> {
         async move {
-            self.release_until(i, &p.name, &p.from, p.from_tokens[i], p.until)
+            self.release_until(i, &p.name, &p.from, (p.from_tokens[i], true), p.until)
                 .await
         }
         .boxed()
@@ -250,7 +250,8 @@ impl Shared {
                 return;
             }
         }
-        self.release_until(i, &p.name, &p.to, t, p.until).await;
+        self.release_until(i, &p.name, &p.to, (t, true), p.until)
+            .await;
     }
 
     /// Master `i`'s answer was lost: once it answers again, whichever of the two owners holds
@@ -265,7 +266,7 @@ impl Shared {
             {
                 Some(h) if h.owner == p.to => self.settle_pass(i, &p, h.token).await,
                 Some(h) if h.owner == p.from && p.from_done => {
-                    self.release_until(i, &p.name, &p.from, h.token, p.until)
+                    self.release_until(i, &p.name, &p.from, (h.token, true), p.until)
                         .await
                 }
                 _ => {}

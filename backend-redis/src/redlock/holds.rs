@@ -11,17 +11,30 @@ use futures::FutureExt;
 use super::*;
 
 impl Shared {
-    /// Sends master `i`'s release of `owner`'s hold (token `t`) until it answers or `until`.
+    /// Whether a release of one of `owner`'s holds on `name` whose answer was lost may simply be
+    /// sent again. Only while no other hold of `owner`'s is accounted for on this handle (call
+    /// it while the caller's own is counted): a release applied twice would take a hold a live
+    /// guard relies on, and that master would be free for another client's majority. Where
+    /// other holds are accounted for, the master keeps the one extra hold instead, until the
+    /// grant's last release there or its lease ends: the lock stays safe, and frees on that one
+    /// master late. (A release the core settles goes master by master through `give_back`,
+    /// which takes a hold only where the master has more than the handle accounts for.)
+    pub(super) fn may_resend(&self, name: &LockName, owner: &OwnerId) -> bool {
+        self.core.holds_accounted(name, owner) <= 1
+    }
+
+    /// Sends master `i`'s release of `owner`'s hold (token `t`), and if its answer is lost,
+    /// again until it answers or `until` when `resend` ([`may_resend`](Self::may_resend)).
     pub(super) async fn release_until(
         &self,
         i: usize,
         name: &LockName,
         owner: &OwnerId,
-        t: u64,
+        (t, resend): (u64, bool),
         until: Instant,
     ) {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        while self.servers[i].release(name, owner, t).await.is_err() {
+        while self.servers[i].release(name, owner, t).await.is_err() && resend {
             let pause = backoff.next_delay();
             if Instant::now() + pause >= until {
                 return;
@@ -50,14 +63,15 @@ impl Shared {
         let (name, owner) = (grant.name.clone(), grant.owner.clone());
         // A master whose release failed keeps the hold for its whole lease, and counts as held
         // when a later round needs a majority without it: its release is sent again until it
-        // answers or the lease has run out, whatever the round decided.
+        // answers or the lease has run out, whatever the round decided, where that is safe.
         let until = Instant::now() + grant.ttl + drift(grant.ttl);
+        let resend = self.may_resend(&name, &owner);
         let retry = {
             let (s, name, owner, tokens) =
                 (self.clone(), name.clone(), owner.clone(), tokens.clone());
             move |i: usize| {
                 let (s, name, owner, t) = (s.clone(), name.clone(), owner.clone(), tokens[i]);
-                async move { s.release_until(i, &name, &owner, t, until).await }.boxed()
+                async move { s.release_until(i, &name, &owner, (t, true), until).await }.boxed()
             }
         };
         let late_retry = retry.clone();
@@ -72,10 +86,10 @@ impl Shared {
                         async move { Ok(s.servers[i].release(&name, &owner, t).await?.is_some()) }
                     }
                 },
-                move |i, r| r.is_err().then(|| late_retry(i)),
+                move |i, r| (r.is_err() && resend).then(|| late_retry(i)),
             )
             .await;
-        for &i in &tally.failed {
+        for &i in tally.failed.iter().filter(|_| resend) {
             tokio::spawn(retry(i));
         }
         if tally.yes >= self.quorum || tally.yes + tally.errors.len() < self.quorum {

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Attempt, Backoff, HandOver, Notices, Waiting};
-use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
+use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, Surplus};
 use distlock_api::Profile;
 use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
@@ -106,11 +106,11 @@ pub fn master_deadline(ttl: Duration, response_timeout: Duration) -> Duration {
 /// Build it with [`RedLock::connect`], wrap it in an `Arc` and use
 /// [`LockExt`](crate::LockExt) on it.
 pub struct RedLock {
-    core: ClientCore,
     shared: Arc<Shared>,
 }
 
 struct Shared {
+    core: ClientCore,
     servers: Vec<Server>,
     /// One pub/sub hub per master (connected on the first wait), in the order of `servers`.
     hubs: Vec<Hub>,
@@ -133,7 +133,7 @@ impl fmt::Debug for RedLock {
                     .collect::<Vec<_>>(),
             )
             .field("quorum", &self.shared.quorum)
-            .field("owner", self.core.owner())
+            .field("owner", self.shared.core.owner())
             .finish_non_exhaustive()
     }
 }
@@ -208,8 +208,8 @@ impl RedLock {
             })
             .collect();
         Ok(Self {
-            core,
             shared: Arc::new(Shared {
+                core,
                 servers,
                 hubs,
                 quorum,
@@ -218,12 +218,6 @@ impl RedLock {
                 late: Mutex::default(),
             }),
         })
-    }
-
-    /// Uses `core` (owner id, default TTL) instead of the one built from the config.
-    pub fn with_core(mut self, core: ClientCore) -> Self {
-        self.core = core;
-        self
     }
 
     /// How many masters must agree.
@@ -256,7 +250,7 @@ impl DistributedLock for RedLock {
     }
 
     fn core(&self) -> &ClientCore {
-        &self.core
+        &self.shared.core
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
@@ -322,15 +316,15 @@ impl DistributedLock for RedLock {
         self.shared.hand_over(from, to).await
     }
 
-    /// Master by master: a lost answer may have left holds on any of them, each with its own
-    /// token, so each is found and released on its own — where the master counts more holds of
-    /// `owner` than this handle accounts for (read after the master's count).
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
+    /// Master by master: a lost answer may have left holds on any of them (or, for a release,
+    /// taken the hold on some and not others), each with its own token, so each is found and
+    /// released on its own, where the master has the surplus (read after the master's count).
+    async fn give_back(&self, surplus: &Surplus) -> Result<bool> {
         let s = &self.shared;
-        let core = &self.core;
+        let (name, owner) = (&surplus.name, &surplus.owner);
         let undone = join_all(s.servers.iter().map(|srv| async move {
             match srv.inspect(name).await? {
-                Some(h) if h.owner == *owner && h.count > core.holds_accounted(name, owner) => {
+                Some(h) if h.owner == *owner && surplus.is_in(&s.core, h.count) => {
                     srv.release(name, owner, h.token).await.map(|r| r.is_some())
                 }
                 _ => Ok(false),

@@ -9,9 +9,7 @@ use std::time::Duration;
 use distlock_api::backend::wait::{Attempt, HandOver, Notices};
 use distlock_api::backend::{async_trait, AcquireRequest, ClientCore, LeaseKeeper};
 use distlock_api::Profile;
-use distlock_api::{
-    DistributedLock, FencingToken, Grant, LockInfo, LockName, OwnerId, Result, SharedLock,
-};
+use distlock_api::{DistributedLock, FencingToken, Grant, LockInfo, LockName, Result, SharedLock};
 
 /// Delegates everything to `inner`. `core()` returns the inner's core, so guards taken through
 /// the wrapper enrol with the inner client's one watchdog — which then renews through the
@@ -109,8 +107,8 @@ impl DistributedLock for Counting {
         self.inner.release(grant).await
     }
 
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
-        self.inner.give_back(name, owner, ttl).await
+    async fn give_back(&self, surplus: &distlock_api::backend::Surplus) -> Result<bool> {
+        self.inner.give_back(surplus).await
     }
 
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {

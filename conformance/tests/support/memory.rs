@@ -9,7 +9,7 @@ use distlock_api::backend::{async_trait, AcquireRequest, ClientCore};
 use distlock_api::Profile;
 use distlock_api::{
     Capabilities, DistributedLock, FencingToken, Grant, LockInfo, LockName, MemoryLock,
-    MemoryStore, OwnerId, Result,
+    MemoryStore, Result,
 };
 
 pub(crate) struct Memory {
@@ -63,8 +63,8 @@ impl DistributedLock for Watched {
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
         self.0.force_release(name, token).await
     }
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, ttl: Duration) -> Result<bool> {
-        self.0.give_back(name, owner, ttl).await
+    async fn give_back(&self, surplus: &distlock_api::backend::Surplus) -> Result<bool> {
+        self.0.give_back(surplus).await
     }
     fn capabilities(&self) -> distlock_api::Capabilities {
         self.0.capabilities()

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{FencingToken, Grant};
 use crate::lock::{DistributedLock, DEFAULT_TTL};
-use crate::name::{LockName, OwnerId};
+use crate::lost_reply::Surplus;
+use crate::name::LockName;
 
 /// How many holds past the ones it saw [`force_release_by_releases`] gives up before it stops.
 const FORCE_RELEASE_SLACK: u32 = 64;
@@ -57,25 +58,23 @@ pub async fn force_release_by_releases<B: DistributedLock + ?Sized>(
     .with_lock(name))
 }
 
-/// [`DistributedLock::give_back`] by `inspect` and `release`: one hold of `owner`'s, if the
-/// server reports more holds than this handle accounts for.
+/// [`DistributedLock::give_back`] by `inspect` and `release`: one hold of the owner's, if the
+/// server has one that this handle does not account for ([`Surplus::is_in`]).
 pub async fn give_back_by_release<B: DistributedLock + ?Sized>(
     backend: &B,
-    name: &LockName,
-    owner: &OwnerId,
-    ttl: Duration,
+    surplus: &Surplus,
 ) -> Result<bool> {
+    let Surplus {
+        name, owner, ttl, ..
+    } = surplus;
     match backend.inspect(name).await? {
-        Some(info)
-            if info.owner == *owner
-                && info.hold_count > backend.core().holds_accounted(name, owner) =>
-        {
+        Some(info) if info.owner == *owner && surplus.is_in(backend.core(), info.hold_count) => {
             let grant = Grant {
                 name: name.clone(),
                 owner: owner.clone(),
                 token: info.token,
                 hold_count: info.hold_count,
-                ttl,
+                ttl: *ttl,
                 sent_at: Instant::now(),
                 key: String::new(),
                 permits: info.permits.1,

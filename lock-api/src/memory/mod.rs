@@ -24,7 +24,8 @@ use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, Profile, Ttl
 use crate::error::Result;
 use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
 use crate::lock::{ClientCore, DistributedLock, LeaseKeeper};
-use crate::name::{LockName, OwnerId};
+use crate::lost_reply::Surplus;
+use crate::name::LockName;
 
 use slot::Refused;
 use store::other_permits;
@@ -179,9 +180,9 @@ impl DistributedLock for MemoryLock {
         Ok(held)
     }
 
-    async fn give_back(&self, name: &LockName, owner: &OwnerId, _ttl: Duration) -> Result<bool> {
+    async fn give_back(&self, surplus: &Surplus) -> Result<bool> {
         // By the owner's own permit, which `inspect` (the oldest holder's) may not show.
-        let accounted = self.core.holds_accounted(name, owner);
+        let (name, owner) = (&surplus.name, &surplus.owner);
         let mut s = self.store.lock();
         let Some(slot) = s.find(name) else {
             return Ok(false);
@@ -189,7 +190,7 @@ impl DistributedLock for MemoryLock {
         let held = slot
             .holders
             .iter()
-            .find(|h| h.owner == *owner && h.count > accounted)
+            .find(|h| h.owner == *owner && surplus.is_in(&self.core, h.count))
             .map(|h| (h.token, h.count));
         Ok(held.is_some_and(|(token, count)| {
             let grant = Grant::new(
