@@ -248,7 +248,7 @@ impl DistributedLock for MongoLock {
         let (name, owner, ttl) = (&surplus.name, &surplus.owner, surplus.ttl);
         let own = ops::permit::own_permit(&self.locks, self.operation_timeout, name, owner, ttl);
         match own.await? {
-            Some(g) if surplus.is_in(&self.core, g.hold_count) => self.release(&g).await,
+            Some(g) if self.core.has_surplus(surplus, g.hold_count) => self.release(&g).await,
             Some(_) => Ok(false),
             None => distlock_api::backend::give_back_by_release(self, surplus).await,
         }

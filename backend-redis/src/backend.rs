@@ -196,7 +196,7 @@ impl DistributedLock for RedisLock {
             PermitOf::NotHeld => Ok(false),
             // Accounted holds are read after the server's count, as give_back asks.
             PermitOf::Held { token, count } => {
-                if !surplus.is_in(&self.core, count) {
+                if !self.core.has_surplus(surplus, count) {
                     return Ok(false);
                 }
                 let released = self

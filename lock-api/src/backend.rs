@@ -12,11 +12,11 @@
 //! [`Armed`]: wait::Armed
 
 pub use crate::grant::{
-    check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, Grant, MAX_TTL, MAX_WAIT,
+    check_ttl, check_wait, drift, lost, safe_until, AcquireRequest, Grant, Surplus, MAX_TTL,
+    MAX_WAIT,
 };
 pub use crate::keeper::Hold;
 pub use crate::lock::{ClientCore, LeaseKeeper};
-pub use crate::lost_reply::Surplus;
 pub use crate::wakes::HANDED_IN_A_ROW;
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;

@@ -237,3 +237,42 @@ pub fn safe_until(sent_at: Instant, ttl: Duration) -> Instant {
 pub fn lost(name: &LockName, why: impl fmt::Display) -> Error {
     Error::new(ErrorKind::Lost, why.to_string()).with_lock(name)
 }
+
+/// What a [`give_back`](crate::DistributedLock::give_back) may take away: one hold of `owner`'s on
+/// `name` that nothing on this handle accounts for, if the server has one.
+#[derive(Clone, Debug)]
+pub struct Surplus {
+    /// The lock.
+    pub name: LockName,
+    /// Whose hold it is.
+    pub owner: OwnerId,
+    /// The lease the lost request asked for.
+    pub ttl: Duration,
+    /// How many of the holds this handle accounts for are the ones being taken away: 1 when
+    /// a release whose answer was lost is settled (its hold stays counted until then), 0 when
+    /// an acquire's is.
+    pub leaving: u32,
+}
+
+impl Surplus {
+    /// A hold an acquire whose answer was lost may have added.
+    pub fn of_acquire(name: LockName, owner: OwnerId, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner,
+            ttl,
+            leaving: 0,
+        }
+    }
+
+    /// The hold a release of `grant` whose answer was lost was taking away, if the server still
+    /// has it.
+    pub fn of_release(grant: &Grant) -> Self {
+        Self {
+            name: grant.name.clone(),
+            owner: grant.owner.clone(),
+            ttl: grant.ttl,
+            leaving: 1,
+        }
+    }
+}

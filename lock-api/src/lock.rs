@@ -10,9 +10,8 @@ use futures::future::BoxFuture;
 use crate::backend::wait::{Attempt, HandOver, Notices};
 use crate::capability::{Capabilities, Profile};
 use crate::error::{Error, ErrorKind, LostReason, Result};
-use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::grant::{safe_until, AcquireRequest, FencingToken, Grant, LockInfo, Surplus};
 use crate::keeper::{Hold, HoldState, Holds};
-use crate::lost_reply::Surplus;
 use crate::name::{LockName, OwnerId};
 use crate::wakes::LocalWakes;
 use crate::watchdog::{Renewer, Watchdog};
@@ -191,16 +190,14 @@ pub trait DistributedLock: Send + Sync + 'static {
     /// Settles a request whose answer was lost, by taking away at most one hold: the one an
     /// acquire of `surplus.name` by `surplus.owner` may have added, or the one a release was
     /// taking away. It takes one only if the server has it: if the owner has more holds there
-    /// than this handle accounts for, the released ones aside ([`Surplus::is_in`], read *after*
-    /// the server's count). `Ok(true)` if one was taken, `Ok(false)` if there is none (yet).
+    /// than this handle accounts for, the released ones aside ([`ClientCore::has_surplus`], read
+    /// *after* the server's count). `Ok(true)` if one was taken, `Ok(false)` if there is none (yet).
     ///
     /// The conveniences call it in the background until the lease asked for has run out (after
     /// that, a grant the server applied late has expired by itself), on backends with per-lock
     /// leases; session-bound backends clean up with their session. Where a release needs no
     /// [`Grant::key`], [`backend::give_back_by_release`](crate::backend::give_back_by_release)
     /// is the whole implementation.
-    ///
-    /// [`Surplus::is_in`]: crate::backend::Surplus::is_in
     async fn give_back(&self, surplus: &Surplus) -> Result<bool>;
 }
 
@@ -322,6 +319,13 @@ impl ClientCore {
     /// takes away only the surplus that lost requests left.
     pub fn holds_accounted(&self, name: &LockName, owner: &OwnerId) -> u32 {
         self.holds.of(name, owner)
+    }
+
+    /// Whether the server's `count` of the owner's holds on the name includes `surplus`: more
+    /// than this handle accounts for, not counting those [leaving](Surplus::leaving). Call it
+    /// *after* reading the server's count (see [`DistributedLock::give_back`]).
+    pub fn has_surplus(&self, surplus: &Surplus, count: u32) -> bool {
+        count + surplus.leaving > self.holds_accounted(&surplus.name, &surplus.owner)
     }
 
     pub(crate) fn holds(&self) -> &Holds {

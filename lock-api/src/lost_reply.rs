@@ -24,7 +24,7 @@
 //! applied again would take a hold a live guard relies on, and the lock would be free while
 //! that guard still holds it. The released hold stays counted until the release is settled,
 //! so the retry takes one hold only while the server has *at least* as many as this handle
-//! accounts for ([`Surplus::leaving`]): if the lost release was applied, the server has one
+//! accounts for ([`Surplus::leaving`](crate::backend::Surplus::leaving)): if the lost release was applied, the server has one
 //! fewer, and nothing more is taken.
 
 use std::sync::Arc;
@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use crate::capability::LeaseKind;
 use crate::error::ErrorKind;
-use crate::grant::{drift, AcquireRequest, Grant};
-use crate::lock::{ClientCore, DistributedLock};
+use crate::grant::{drift, AcquireRequest, Surplus};
+use crate::lock::DistributedLock;
 use crate::name::{LockName, OwnerId};
 use crate::observe::{self, Settling};
 
@@ -120,52 +120,6 @@ impl Drop for Uncount<'_> {
         if let Some((backend, name, owner)) = self.0.take() {
             backend.core().holds().remove(name, owner);
         }
-    }
-}
-
-/// What a [`give_back`](DistributedLock::give_back) may take away: one hold of `owner`'s on
-/// `name` that nothing on this handle accounts for, if the server has one.
-#[derive(Clone, Debug)]
-pub struct Surplus {
-    /// The lock.
-    pub name: LockName,
-    /// Whose hold it is.
-    pub owner: OwnerId,
-    /// The lease the lost request asked for.
-    pub ttl: Duration,
-    /// How many of the holds this handle accounts for are the ones being taken away: 1 when
-    /// a release whose answer was lost is settled (its hold stays counted until then), 0 when
-    /// an acquire's is.
-    pub leaving: u32,
-}
-
-impl Surplus {
-    /// A hold an acquire whose answer was lost may have added.
-    pub fn of_acquire(name: LockName, owner: OwnerId, ttl: Duration) -> Self {
-        Self {
-            name,
-            owner,
-            ttl,
-            leaving: 0,
-        }
-    }
-
-    /// The hold a release of `grant` whose answer was lost was taking away, if the server still
-    /// has it.
-    pub fn of_release(grant: &Grant) -> Self {
-        Self {
-            name: grant.name.clone(),
-            owner: grant.owner.clone(),
-            ttl: grant.ttl,
-            leaving: 1,
-        }
-    }
-
-    /// Whether the server's `count` of the owner's holds on the name includes one to take: more
-    /// than this handle accounts for, not counting those [`leaving`](Self::leaving). Call it
-    /// with `core` read *after* the server's count (see the [module](self) docs).
-    pub fn is_in(&self, core: &ClientCore, count: u32) -> bool {
-        count + self.leaving > core.holds_accounted(&self.name, &self.owner)
     }
 }
 

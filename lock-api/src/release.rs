@@ -7,8 +7,9 @@ use std::sync::Arc;
 use crate::backend::wait::HandOver;
 use crate::error::Result;
 use crate::grant::Grant;
+use crate::grant::Surplus;
 use crate::lock::DistributedLock;
-use crate::lost_reply::{answer_lost, settle, Surplus, Uncount};
+use crate::lost_reply::{answer_lost, settle, Uncount};
 use crate::observe::{self, Settling};
 use crate::wakes::{Handed, Offer};
 

@@ -324,7 +324,7 @@ impl DistributedLock for RedLock {
         let (name, owner) = (&surplus.name, &surplus.owner);
         let undone = join_all(s.servers.iter().map(|srv| async move {
             match srv.inspect(name).await? {
-                Some(h) if h.owner == *owner && surplus.is_in(&s.core, h.count) => {
+                Some(h) if h.owner == *owner && s.core.has_surplus(surplus, h.count) => {
                     srv.release(name, owner, h.token).await.map(|r| r.is_some())
                 }
                 _ => Ok(false),

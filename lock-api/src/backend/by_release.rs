@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::grant::{FencingToken, Grant};
+use crate::grant::{FencingToken, Grant, Surplus};
 use crate::lock::{DistributedLock, DEFAULT_TTL};
-use crate::lost_reply::Surplus;
+
 use crate::name::LockName;
 
 /// How many holds past the ones it saw [`force_release_by_releases`] gives up before it stops.
@@ -59,7 +59,7 @@ pub async fn force_release_by_releases<B: DistributedLock + ?Sized>(
 }
 
 /// [`DistributedLock::give_back`] by `inspect` and `release`: one hold of the owner's, if the
-/// server has one that this handle does not account for ([`Surplus::is_in`]).
+/// server has one that this handle does not account for ([`ClientCore::has_surplus`](crate::backend::ClientCore::has_surplus)).
 pub async fn give_back_by_release<B: DistributedLock + ?Sized>(
     backend: &B,
     surplus: &Surplus,
@@ -68,7 +68,9 @@ pub async fn give_back_by_release<B: DistributedLock + ?Sized>(
         name, owner, ttl, ..
     } = surplus;
     match backend.inspect(name).await? {
-        Some(info) if info.owner == *owner && surplus.is_in(backend.core(), info.hold_count) => {
+        Some(info)
+            if info.owner == *owner && backend.core().has_surplus(surplus, info.hold_count) =>
+        {
             let grant = Grant {
                 name: name.clone(),
                 owner: owner.clone(),

@@ -22,9 +22,9 @@ use async_trait::async_trait;
 use crate::backend::wait::{Attempt, Waiting};
 use crate::capability::{Blocking, Capabilities, Fencing, LeaseKind, Profile, TtlSupport};
 use crate::error::Result;
-use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo};
+use crate::grant::{lost, AcquireRequest, FencingToken, Grant, LockInfo, Surplus};
 use crate::lock::{ClientCore, DistributedLock, LeaseKeeper};
-use crate::lost_reply::Surplus;
+
 use crate::name::LockName;
 
 use slot::Refused;
@@ -190,7 +190,7 @@ impl DistributedLock for MemoryLock {
         let held = slot
             .holders
             .iter()
-            .find(|h| h.owner == *owner && surplus.is_in(&self.core, h.count))
+            .find(|h| h.owner == *owner && self.core.has_surplus(surplus, h.count))
             .map(|h| (h.token, h.count));
         Ok(held.is_some_and(|(token, count)| {
             let grant = Grant::new(
