@@ -182,8 +182,12 @@ impl Rec {
 /// A fault the nemesis injected or undid.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Fault {
-    /// When.
+    /// When: for a request to a server (an out-of-band deletion), when it was sent.
     pub(crate) at: u64,
+    /// When it was done: the server's answer to a request (which it may apply at any time in
+    /// between, e.g. a deletion waiting on a row lock); `at` for a signal or a cut.
+    #[serde(default)]
+    pub(crate) done: u64,
     /// What, in words (`SIGKILL client 1234`, `SIGCONT redis-server`).
     pub(crate) what: String,
     /// The client process it hit, if any: a killed process believes nothing after `at`.

@@ -207,8 +207,10 @@ async fn run_inner(
 
     let faults: Arc<Mutex<Vec<Fault>>> = Arc::default();
     let note = |what: String, killed: Option<u32>, recover_from: bool, deleted: Option<String>| {
+        let at = clock::now();
         faults.lock().expect("faults").push(Fault {
-            at: clock::now(),
+            at,
+            done: at,
             what,
             killed,
             recover_from,
@@ -289,6 +291,7 @@ async fn run_inner(
                     match admin.remove_holder(&lock).await {
                         Ok(()) => faults.lock().expect("faults").push(Fault {
                             at: sent,
+                            done: clock::now(),
                             what: format!(
                                 "deleted {name:?} on the server while client {pid} held it"
                             ),
