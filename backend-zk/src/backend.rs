@@ -62,8 +62,9 @@ impl ZkLock {
         if let Some(owner) = &config.client.owner {
             core = core.with_owner(owner.clone());
         }
-        // The watchdog renews every TTL/3 of the lease the session grants; asking for another
-        // TTL changes nothing, so the default is the lease itself.
+        // Asking for another TTL changes nothing (the lease is the session's), so the default
+        // is the session timeout; the watchdog renews every third of the lease each grant and
+        // renewal reports (`session::lease`).
         let core = core.with_default_ttl(session.timeout)?;
         let (stop, stopped) = oneshot::channel();
         let states = session.client.state_watcher();
@@ -89,7 +90,9 @@ impl ZkLock {
         Ok(Self { inner })
     }
 
-    /// The session timeout the server granted: the lease of every lock this client holds.
+    /// The session timeout the server granted: every lock this client holds lives as long as
+    /// the session. A guard trusts half of it from each confirmation (its
+    /// [`ttl`](crate::LockGuard::ttl)): see the crate's safety model.
     pub fn session_timeout(&self) -> Duration {
         self.inner.session().timeout
     }
@@ -224,18 +227,22 @@ impl DistributedLock for ZkLock {
         }
     }
 
+    /// Confirms the grant's node with a read behind a `sync`: the server that answers may be a
+    /// follower cut off from the leader, whose answer alone would vouch for nothing (see
+    /// the crate's safety model). A failed sync fails the renewal as the read's failure would.
     async fn renew(&self, grant: &Grant, _ttl: Duration) -> Result<Duration> {
         let s = self.inner.session();
         let path = self.inner.renew_locally(grant, &s)?;
-        match s.call(s.client.check_stat(&path)).await {
+        match s.call(s.behind_sync(|c| c.check_stat(&path))).await {
             Ok(stat) => self.inner.confirmed(grant, &s, stat.as_ref()),
             Err(Some(zk::Error::SessionExpired)) => Err(self.inner.session_over(grant, &s)),
             Err(e) => Err(request_error(e, "cannot confirm the lock", &s).with_lock(&grant.name)),
         }
     }
 
-    /// Confirms every grant's node with one multi-read (ZooKeeper 3.6+); on an ensemble that
-    /// does not know multi-read, one request per grant from then on.
+    /// Confirms every grant's node with one multi-read (ZooKeeper 3.6+) behind one `sync`, as
+    /// [`renew`](Self::renew) does; on an ensemble that does not know multi-read, one renewal
+    /// per grant from then on.
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
         let s = self.inner.session();
         let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
@@ -256,7 +263,7 @@ impl DistributedLock for ZkLock {
             });
         }
         if !asked.is_empty() {
-            match s.call(reader.commit()).await {
+            match s.call(s.behind_sync(|_| reader.commit())).await {
                 Ok(answers) => {
                     for (n, &i) in asked.iter().enumerate() {
                         let grant = &grants[i].0;

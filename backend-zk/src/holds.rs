@@ -54,8 +54,9 @@ const REMEMBER_RELEASED: usize = 256;
 /// can be added below it) is therefore first once it is gone. So a waiter of this client whose
 /// predecessor is one of these nodes takes its turn when the deletion event comes, without
 /// listing the queue again: a hand-off between tasks of one client costs the release's request
-/// alone. The session was live at the server when it took that delete, which is after the
-/// moment kept here: the grant's lease is counted from it.
+/// alone. The delete went through the leader after the moment kept here, so it vouches for
+/// the session as a sync sent then would (see [`crate::session::lease`]): the grant's lease is
+/// counted from it.
 pub(crate) type Released = distlock_api::backend::Recent<String, Instant, REMEMBER_RELEASED>;
 
 /// What a queue node holds: who it belongs to and how many holds it stands for, so that any
@@ -173,7 +174,8 @@ impl Inner {
                         req.owner.clone(),
                         FencingToken(czxid as u64),
                         count,
-                        s.timeout,
+                        // The write went through the leader after `sent`.
+                        s.lease(),
                         sent,
                     )
                     .with_key(path.clone()),
@@ -229,7 +231,8 @@ impl Inner {
         .with_backend("zk")
     }
 
-    /// The renewal's answer for `grant`: its node's `stat`, `None` if the node is gone.
+    /// The renewal's answer for `grant`: its node's `stat`, `None` if the node is gone. The
+    /// lease is the one a read behind a `sync` vouches for ([`Session::lease`]).
     pub(crate) fn confirmed(
         &self,
         grant: &Grant,
@@ -238,7 +241,7 @@ impl Inner {
     ) -> Result<Duration> {
         match stat {
             Some(stat) if stat.czxid as u64 == grant.token.0 && stat.ephemeral_owner == s.id => {
-                Ok(s.timeout)
+                Ok(s.lease())
             }
             _ => Err(lost(&grant.name, "the lock's queue node is gone").with_backend("zk")),
         }

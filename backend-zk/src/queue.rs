@@ -35,13 +35,25 @@ impl Inner {
         let data = NodeData::bytes(&req.owner, 1);
         let mut pending = QueueNodes::armed(s.clone(), dir.clone(), prefix.clone());
         let started = pending.started;
-        let (mut mine, mut czxid) = self.create_node(&s, &dir, &data, &mut pending).await?;
+        let (mut mine, mut czxid, mut vouched) =
+            self.create_node(&s, &dir, &data, &mut pending).await?;
         let mut ended = s.ended.subscribe();
         let mut recreated = 0;
         loop {
             s.check_live()?;
+            // A grant's lease counts from `vouched`, the latest moment a request of ours that
+            // went through the leader was sent (see `session::lease`): our create, or a sync
+            // sent with this listing when that is too old to leave the grant most of its lease.
+            let fresh = vouched.filter(|at| at.elapsed() < s.lease() / 3);
             let sent = Instant::now();
-            let children = match s.call_again(|| s.client.list_children(&dir)).await {
+            let listed = match fresh {
+                Some(_) => s.call_again(|| s.client.list_children(&dir)).await,
+                None => {
+                    s.call_again(|| s.behind_sync(|c| c.list_children(&dir)))
+                        .await
+                }
+            };
+            let children = match listed {
                 Ok(children) => children,
                 // Our node cannot exist without its parent: it is gone too.
                 Err(Some(zk::Error::NoNode)) => Vec::new(),
@@ -62,9 +74,11 @@ impl Inner {
                     return Ok(None);
                 }
                 pending.known.clear();
-                (mine, czxid) = self.create_node(&s, &dir, &data, &mut pending).await?;
+                (mine, czxid, vouched) = self.create_node(&s, &dir, &data, &mut pending).await?;
                 continue;
             };
+            let vouched_at = fresh.unwrap_or(sent);
+            vouched = Some(vouched_at);
             for dup in &ours[1..] {
                 spawn_delete(s.clone(), path::join(&dir, &dup.name));
             }
@@ -82,7 +96,7 @@ impl Inner {
             let position = queue.iter().position(|n| n.seq == me.seq).unwrap_or(0);
             if position == 0 {
                 return self
-                    .take_turn(&s, req, pending, mine, czxid, sent)
+                    .take_turn(&s, req, pending, mine, czxid, vouched_at)
                     .map(Some);
             }
             let Some(deadline) = deadline else {
@@ -97,7 +111,6 @@ impl Inner {
             // Watch only the node just ahead of ours: its deletion is our turn (or its owner
             // left the queue, and we re-check).
             let predecessor = path::join(&dir, &queue[position - 1].name);
-            let watched = Instant::now();
             let watcher = match s
                 .call_again(|| s.client.get_and_watch_data(&predecessor))
                 .await
@@ -118,14 +131,16 @@ impl Inner {
             // The predecessor held the lock and is deleted now: ours is first, and the queue
             // need not be listed again. It held it if it was first at our last look (nodes
             // made since are all after ours), or if it was a grant of this client (see
-            // `Released`). The lease counts from a request the server answered after: the
-            // release's, or our watch's while that is recent (else the queue is listed).
+            // `Released`). The lease counts from a request that went through the leader: the
+            // release's delete, or the one `vouched` for while that is recent (else the queue
+            // is listed again, behind a sync).
             let deleted = event.is_some_and(|e| e.event_type == zk::EventType::NodeDeleted);
             let turn = deleted
                 .then(|| lock(&self.released).get(&predecessor).copied())
                 .flatten();
             let turn = turn.or_else(|| {
-                (deleted && position == 1 && watched.elapsed() < s.timeout / 3).then_some(watched)
+                (deleted && position == 1 && vouched_at.elapsed() < s.lease() / 3)
+                    .then_some(vouched_at)
             });
             if let Some(sent) = turn {
                 s.check_live()?;
@@ -136,8 +151,9 @@ impl Inner {
         }
     }
 
-    /// The grant of our node `mine`, first in its queue as of `sent` (a moment the session was
-    /// live at the server after): recorded as held, and any other node of ours deleted.
+    /// The grant of our node `mine`, first in its queue, with the lease a request of ours sent
+    /// at `sent` that went through the leader vouches for: recorded as held, and any other node
+    /// of ours deleted.
     fn take_turn(
         &self,
         s: &Session,
@@ -154,7 +170,7 @@ impl Inner {
             req.owner.clone(),
             FencingToken(czxid as u64),
             1,
-            s.timeout,
+            s.lease(),
             sent,
         )
         .with_key(mine))
@@ -162,13 +178,15 @@ impl Inner {
 
     /// Creates our queue node, the lock node first if it is missing. A create whose answer is
     /// lost may still have happened: the unique prefix finds it (Curator's "protected" mode).
+    /// Returns the node's path and czxid, and when the create was sent if its answer came (the
+    /// create went through the leader after that moment, as a sync would have).
     async fn create_node(
         &self,
         s: &Arc<Session>,
         dir: &str,
         data: &[u8],
         pending: &mut QueueNodes,
-    ) -> Result<(String, i64)> {
+    ) -> Result<(String, i64, Option<Instant>)> {
         let prefix_path = path::join(dir, &pending.prefix);
         let mode = zk::CreateMode::EphemeralSequential.with_acls(self.acl.acls());
         let mut attempts = 0;
@@ -179,13 +197,14 @@ impl Inner {
             s.check_live()?;
             // Until the answer arrives, a dropped acquire must sweep by prefix.
             pending.in_doubt = true;
+            let sent = Instant::now();
             let outcome = s.call(s.client.create(&prefix_path, data, &mode)).await;
             match outcome {
                 Ok((stat, sequence)) => {
                     pending.in_doubt = lost_answers;
                     let path = format!("{prefix_path}{sequence}");
                     pending.known.push(path.clone());
-                    return Ok((path, stat.czxid));
+                    return Ok((path, stat.czxid, Some(sent)));
                 }
                 Err(Some(zk::Error::NoNode)) if attempts < MAX_CREATE_ATTEMPTS => {
                     pending.in_doubt = lost_answers;
@@ -196,7 +215,7 @@ impl Inner {
                     lost_answers = true;
                     if let Some((path, czxid)) = self.find_mine(s, dir, &pending.prefix).await? {
                         pending.known.push(path.clone());
-                        return Ok((path, czxid));
+                        return Ok((path, czxid, None));
                     }
                 }
                 Err(e) => return Err(request_error(e, "cannot create the queue node", s)),

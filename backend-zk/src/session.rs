@@ -26,7 +26,7 @@ pub(crate) struct Session {
     pub(crate) client: zk::Client,
     /// The session id, as ephemeral nodes record their owner.
     pub(crate) id: i64,
-    /// The negotiated session timeout: every lock's lease.
+    /// The negotiated session timeout. The lease a grant or renewal reports is [`lease`] of it.
     pub(crate) timeout: Duration,
     /// Counts the sessions of one client handle, so a hold knows which one it belongs to.
     pub(crate) epoch: u64,
@@ -39,7 +39,65 @@ pub(crate) struct Session {
     pub(crate) op_timeout: Duration,
 }
 
+/// The lease a confirmation from the ensemble vouches for, counted from the moment its request
+/// was sent: half the negotiated session timeout `T`.
+///
+/// Only the leader expires sessions. The server a client talks to (a follower, say) records the
+/// session's requests and pings and reports them to the leader in its answer to the leader's
+/// ping; the leader then moves the session's expiry to the moment it heard the report plus `T`.
+/// A follower cut off from the leader keeps answering reads and pings from its stale copy until
+/// it notices (`syncLimit × tickTime`), so its answer alone says nothing about the leader's
+/// clock: the leader may already be counting down from a report it had long before. What
+/// does vouch for the session is a request, sent at `s`, that went through the leader and came
+/// back: a `sync`, or a write (the create of a queue node, a release's delete). The server
+/// forwarded it at or after `s`, on the connection that had carried its earlier reports to
+/// the leader, so the leader had heard every report that server sent before `s`. With
+/// ZooKeeper's defaults those come at least every `T/4` (the leader pings its followers every
+/// `tickTime/2`, and a session timeout is at least `minSessionTimeout = 2 × tickTime`), and
+/// the client touches its session at least every `T/5` (the driver pings after `3/20 × T` of
+/// silence, looking every `T/20`; an application's connector whose connection timeout lies
+/// between `2T/5` and `3T/5` makes it look less often). So the leader had heard of a touch no
+/// older than `s − T/4 − T/5`, and will not expire the session before `s + 11T/20`.
+///
+/// `11T/20` leaves nothing over: it holds only if every timer fires on time and every answer
+/// is instant. The driver sends no ping while the previous one is unanswered, and the server
+/// answers a session's requests (pings included) in order, so a ping queued behind a `sync`
+/// waits for the leader: a busy ensemble stretches the client's `T/5`. Half the timeout keeps
+/// `T/20` for such delays and for network latency; the drift margin lock-api takes off is for
+/// clock rates. The bound assumes the ensemble's `tickTime` is at most `T/2` (ZooKeeper's own
+/// floor unless an operator sets `minSessionTimeout` below `2 × tickTime`).
+pub(crate) fn lease(timeout: Duration) -> Duration {
+    timeout / 2
+}
+
 impl Session {
+    /// The lease a request of this session that went through the leader vouches for.
+    pub(crate) fn lease(&self) -> Duration {
+        lease(self.timeout)
+    }
+
+    /// Sends a `sync` and then the read `read` sends, at once, and resolves when both are
+    /// answered: with the read's answer if the sync succeeded too. The server answers a
+    /// session's requests in order and holds the read back until the leader has answered the
+    /// sync, so the read is as new as the leader's state then, and its success proves that the
+    /// server still followed the leader after the moment this was called (see [`lease`]). Both
+    /// requests are on the wire before this returns; the caller bounds the wait.
+    pub(crate) fn behind_sync<'a, T: 'a, F>(
+        &'a self,
+        read: impl FnOnce(&'a zk::Client) -> F,
+    ) -> impl Future<Output = std::result::Result<T, zk::Error>> + 'a
+    where
+        F: Future<Output = std::result::Result<T, zk::Error>> + 'a,
+    {
+        let synced = self.client.sync("/");
+        let read = read(&self.client);
+        async move {
+            let (synced, read) = tokio::join!(synced, read);
+            let value = read?;
+            synced.map(|()| value)
+        }
+    }
+
     /// Whether the session is over or given up on.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst) || self.client.state().is_terminated()
@@ -312,5 +370,36 @@ pub(crate) fn request_error(e: Option<zk::Error>, what: &str, s: &Session) -> Er
             zk_error(e, &format!("{what}: the session ended")).temporary(true)
         }
         Some(e) => zk_error(e, what),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confirmation_vouches_for_half_the_session_timeout() {
+        let ms = Duration::from_millis;
+        assert_eq!(lease(ms(2000)), ms(1000));
+        assert_eq!(lease(ms(400)), ms(200));
+        assert_eq!(lease(Duration::from_secs(10)), Duration::from_secs(5));
+        assert_eq!(lease(ms(401)), Duration::from_micros(200_500));
+    }
+
+    #[test]
+    fn the_lease_ends_before_the_leader_can_expire_the_session() {
+        // From a confirmation sent at 0, the leader's latest touch of the session is at most
+        // T/4 (its ping period to a follower, at most tickTime/2 with tickTime <= T/2) plus T/5
+        // (the client's longest silence) old, so it expires the session at T - T/4 - T/5 at
+        // the earliest; the lease ends before that, with room for late timers.
+        for ms in [400, 401, 2000, 4000, 10_000, 30_000, 40_000] {
+            let t = Duration::from_millis(ms);
+            let leader_expiry_at_the_earliest = t - t / 4 - t / 5;
+            assert_eq!(leader_expiry_at_the_earliest, t * 11 / 20, "T = {t:?}");
+            assert!(
+                lease(t) <= leader_expiry_at_the_earliest - t / 20,
+                "T = {t:?}"
+            );
+        }
     }
 }

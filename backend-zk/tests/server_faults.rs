@@ -182,8 +182,9 @@ async fn holder_keeps_the_lock_across_a_kill_and_restart_within_the_session_time
     );
 
     // A renewal sent after the kill succeeds (the one due in the outage waits for the restarted
-    // server): safe-until moves past what only such a renewal can give, before it ran out.
-    let renewed_lease = killed_at + RESTART_SESSION - distlock_api::backend::drift(RESTART_SESSION);
+    // server): safe-until moves past what only such a renewal can give, before it ran out. (A
+    // renewal vouches for the guard's lease, half the session timeout.)
+    let renewed_lease = killed_at + g.ttl() - distlock_api::backend::drift(g.ttl());
     let renewed_by = Instant::now() + BOUND;
     while g.safe_until().expect("a leased lock") <= renewed_lease {
         assert!(
