@@ -8,6 +8,8 @@
 //! delete of the key created just before it (FIFO, no herd) and then looks again, because that
 //! predecessor may have been a waiter who gave up rather than the holder. The holder key's
 //! create-revision is the fencing token; release and renew are transactions conditioned on it.
+//! A semaphore's permit is an entry of the same queue that holds while fewer than `max` entries
+//! are older ([`crate::permits`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,7 +51,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(true)
     .fencing(Fencing::Durable)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// HTTP/2 pings on the connection, so a silently dead peer is noticed and the channel moves
 /// to another endpoint. etcd's default `--grpc-keepalive-min-time` is 5 s; pinging more often
@@ -120,6 +123,8 @@ impl EtcdLock {
             slots: Mutex::new(HashMap::new()),
             watches: Arc::default(),
             released: Mutex::default(),
+            #[cfg(feature = "testing")]
+            requests: Default::default(),
         });
         let keeper = tokio::spawn(crate::keepalive::keep_alive(Arc::downgrade(&shared)));
         Ok(Self {
@@ -151,6 +156,16 @@ impl EtcdLock {
     #[doc(hidden)]
     pub fn watched_dirs(&self) -> usize {
         self.shared.watches.live()
+    }
+
+    /// How many key-value and lease requests this client has sent, keep-alives and watches
+    /// aside (test-only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn requests_sent(&self) -> u64 {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The configuration this client was made with.
@@ -214,7 +229,10 @@ impl DistributedLock for EtcdLock {
         &self,
         surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, surplus).await
+        self.shared
+            .give_back(surplus)
+            .await
+            .map_err(|e| context(e, &surplus.name))
     }
 
     fn core(&self) -> &ClientCore {

@@ -68,7 +68,7 @@ impl Shared {
                 return AllGone::Yes;
             }
             match events.events.recv().await {
-                Ok(Seen::Deleted { key, rev }) => {
+                Ok(Seen::Deleted { key, rev, .. }) => {
                     if older.get(&key).is_some_and(|&created| rev > created) {
                         older.remove(&key);
                     }

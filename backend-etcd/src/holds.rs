@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Armed, Cleanup};
-use distlock_api::backend::{lost, AcquireRequest, ClientCore};
+use distlock_api::backend::{lost, AcquireRequest, ClientCore, Surplus};
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, Result};
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub(crate) watches: Arc<crate::notices::Watches>,
     /// The entries of grants this client released lately (see [`Released`]).
     pub(crate) released: Mutex<Released>,
+    /// How many requests [`Shared::call`] sent (test-only).
+    #[cfg(feature = "testing")]
+    pub(crate) requests: std::sync::atomic::AtomicU64,
 }
 
 /// How many released entries [`Released`] remembers.
@@ -240,6 +243,9 @@ impl Shared {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
+        #[cfg(feature = "testing")]
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.endpoints
             .call(what, self.config.client.operation_timeout, op)
             .await
@@ -267,10 +273,10 @@ impl Shared {
 
     /// The slot of `grant`'s key, if `grant` names an entry this client made for its owner.
     pub(crate) fn slot_of(self: &Arc<Self>, grant: &Grant) -> Option<SlotRef> {
-        let lease_id = keys::lease_of(&grant.key)?;
         let dir = keys::lock_dir(&self.config.key_prefix, grant.name.as_str());
+        let entry = keys::parse_entry(&dir, grant.key.as_bytes())?;
         // A grant whose owner or name was changed does not match its key.
-        if keys::entry_key(&dir, lease_id, &grant.owner) != grant.key {
+        if keys::key_for(&dir, entry.max, entry.lease, &grant.owner) != grant.key {
             return None;
         }
         let slot = lock(&self.slots).get(&grant.key)?.clone();
@@ -479,7 +485,9 @@ impl Shared {
     }
 
     /// The holder's key and what it says: the entry with the lowest create revision in the
-    /// lock's directory. etcd keeps no time with a key, so `since` stays unknown.
+    /// lock's directory; for a semaphore, its oldest permit, with how many of its entries hold
+    /// one (the oldest `max`: every entry, up to `max`). etcd keeps no time with a key, so
+    /// `since` stays unknown.
     async fn holder(&self, name: &LockName) -> Result<Option<(String, LockInfo)>> {
         let dir = keys::lock_dir(&self.config.key_prefix, name.as_str());
         let range = dir.clone();
@@ -492,6 +500,8 @@ impl Shared {
                 }
             })
             .await?;
+        // The count is of the whole directory, whatever the limit.
+        let entries = resp.count();
         let Some(holder) = resp.take_kvs().into_iter().next() else {
             return Ok(None);
         };
@@ -504,14 +514,19 @@ impl Shared {
                 ),
             )
         };
-        let (_, owner) = keys::parse_entry(&dir, holder.key()).ok_or_else(unexpected)?;
+        let entry = keys::parse_entry(&dir, holder.key()).ok_or_else(unexpected)?;
         let hold_count = std::str::from_utf8(holder.value())
             .ok()
             .and_then(|v| v.parse().ok())
             .ok_or_else(unexpected)?;
         let key = String::from_utf8_lossy(holder.key()).into_owned();
         let token = FencingToken(holder.create_revision().unsigned_abs());
-        Ok(Some((key, LockInfo::new(owner, hold_count, token, None))))
+        let mut info = LockInfo::new(entry.owner, hold_count, token, None);
+        if entry.max > 1 {
+            let held = u32::try_from(entries).unwrap_or(u32::MAX).min(entry.max);
+            info = info.with_permits(held, entry.max);
+        }
+        Ok(Some((key, info)))
     }
 
     /// Every held lock whose name starts with `prefix`: one keys-only range read of their
@@ -548,18 +563,48 @@ impl Shared {
         Ok(held)
     }
 
-    /// Deletes the holder's key if its create revision is `token`, in one transaction; the
-    /// next key's watcher is then told, and the holder's next renewal finds its key gone.
+    /// Deletes the key of the grant of `token` (the entry of that create revision, while it
+    /// holds: the lock's oldest entry, or one of a semaphore's `max` oldest) in a transaction
+    /// conditional on its create revision; the waiters are then told, and the holder's next
+    /// renewal finds its key gone.
     pub(crate) async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        let Some((key, info)) = self.holder(name).await? else {
-            return Ok(false);
-        };
         let Ok(revision) = i64::try_from(token.0) else {
             return Ok(false);
         };
-        if info.token != token {
+        if revision < 2 {
+            // No key has it: revision 1 is the empty store's.
             return Ok(false);
         }
+        let dir = keys::lock_dir(&self.config.key_prefix, name.as_str());
+        let its_entry = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_min_create_revision(revision)
+            .with_max_create_revision(revision);
+        // The entries older than it, enough of them to tell whether it holds (etcd limits a
+        // filtered read after filtering).
+        let older = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_max_create_revision(revision - 1)
+            .with_limit(i64::from(distlock_api::MAX_PERMITS));
+        let read = Txn::new().and_then([
+            TxnOp::get(dir.as_str(), Some(its_entry)),
+            TxnOp::get(dir.as_str(), Some(older)),
+        ]);
+        let resp = self.txn("finding the grant", read).await?;
+        let Some(found) = range_result(&resp, 0)?.into_iter().next() else {
+            return Ok(false);
+        };
+        let Some(entry) = keys::parse_entry(&dir, found.key()) else {
+            return Ok(false);
+        };
+        // Its rank only falls from here on: a holder now holds until deleted.
+        let ahead = range_result(&resp, 1)?.len();
+        if ahead >= entry.max as usize {
+            return Ok(false);
+        }
+        let key = String::from_utf8_lossy(found.key()).into_owned();
         let txn = Txn::new()
             .when([Compare::create_revision(
                 key.as_str(),
@@ -568,5 +613,48 @@ impl Shared {
             )])
             .and_then([TxnOp::delete(key.as_str(), None)]);
         Ok(self.txn("force-releasing", txn).await?.succeeded())
+    }
+
+    /// Gives back one hold of `surplus.owner`'s on its name that this handle does not account
+    /// for, through the owner's own entry made by this client (the lock's, or the owner's
+    /// permit, which `inspect` may not show), read for its hold count.
+    pub(crate) async fn give_back(self: &Arc<Self>, surplus: &Surplus) -> Result<bool> {
+        let dir = keys::lock_dir(&self.config.key_prefix, surplus.name.as_str());
+        let own: Vec<(String, u32)> = lock(&self.slots)
+            .keys()
+            .filter_map(|key| {
+                let entry = keys::parse_entry(&dir, key.as_bytes())?;
+                (entry.owner == surplus.owner).then(|| (key.clone(), entry.max))
+            })
+            .collect();
+        for (key, max) in own {
+            let get = |c: Client| {
+                let key = key.clone();
+                async move { c.kv_client().get(key, None).await }
+            };
+            let resp = self.call("reading the owner's entry", get).await?;
+            let Some(kv) = resp.kvs().first() else {
+                continue;
+            };
+            let count = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok());
+            let Some(count) = count.filter(|&c| surplus.is_in(&self.core, c)) else {
+                continue;
+            };
+            let token = FencingToken(kv.create_revision().unsigned_abs());
+            let mut grant = Grant::new(
+                surplus.name.clone(),
+                surplus.owner.clone(),
+                token,
+                count,
+                surplus.ttl,
+                Instant::now(),
+            )
+            .with_key(key);
+            grant.permits = max;
+            return self.release(&grant).await;
+        }
+        Ok(false)
     }
 }

@@ -12,6 +12,7 @@ mod keepalive;
 mod keys;
 mod lease;
 mod notices;
+mod permits;
 mod queue;
 #[cfg(feature = "testing")]
 pub mod testing;

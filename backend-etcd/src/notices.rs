@@ -35,8 +35,13 @@ const BACKLOG: usize = 1024;
 /// What a directory's watch saw.
 #[derive(Clone, Debug)]
 pub(crate) enum Seen {
-    /// An entry was deleted: its key and the delete's revision.
-    Deleted { key: Vec<u8>, rev: i64 },
+    /// An entry was deleted: its key, the delete's revision, and the entry's create-revision
+    /// (0 if the server could not say: its previous version was compacted away).
+    Deleted {
+        key: Vec<u8>,
+        rev: i64,
+        created: i64,
+    },
     /// The watch ended (its stream broke or the server cancelled it): look again.
     Broken,
 }
@@ -172,8 +177,11 @@ async fn open(
     dir: &str,
 ) -> Result<WatchStream, etcd_client::Error> {
     let client = endpoints.client(endpoint).await?;
+    // With each delete, the entry as it was: its create-revision tells a semaphore's waiter
+    // whether the entry was older than its own.
     let options = WatchOptions::new()
         .with_prefix()
+        .with_prev_key()
         .with_filters([WatchFilterType::NoPut]);
     let mut stream = client.watch_client().watch(dir, Some(options)).await?;
     match stream.message().await? {
@@ -209,6 +217,7 @@ async fn run(
                             let _ = tx.send(Seen::Deleted {
                                 key: kv.key().to_vec(),
                                 rev: kv.mod_revision(),
+                                created: event.prev_kv().map_or(0, |p| p.create_revision()),
                             });
                         }
                     }

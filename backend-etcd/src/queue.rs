@@ -8,7 +8,7 @@ use std::time::Instant;
 use distlock_api::backend::wait::{self, Attempt};
 use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, Grant, Result};
-use etcd_client::{Compare, CompareOp, KeyValue, SortOrder, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, Txn, TxnOp, TxnResponse};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::count_down::Older;
@@ -18,6 +18,7 @@ use crate::holds::{
 use crate::keys;
 use crate::lease::LeaseInfo;
 use crate::notices::{Seen, Subscription, WATCH_RETRY};
+use crate::permits::Taken;
 
 /// The most entries the queueing reads back. A waiter that saw every entry older than its own
 /// (a queue at most this deep) and was subscribed to the directory's deletes before it read
@@ -46,6 +47,14 @@ impl Pred {
     }
 }
 
+/// The error of an entry key that could not be created in three tries.
+pub(crate) fn keeps_reappearing(key: &str) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("could not create the lock key {key:?}: it keeps reappearing"),
+    )
+}
+
 /// The read of a lock's oldest entry: its holder.
 fn oldest_entry(dir: &str) -> TxnOp {
     TxnOp::get(dir, Some(entries(SortOrder::Ascend).with_limit(1)))
@@ -72,7 +81,7 @@ impl Shared {
     ) -> Result<Option<Grant>> {
         let lease = self.lease.current()?;
         let dir = keys::lock_dir(&self.config.key_prefix, req.name.as_str());
-        let key = keys::entry_key(&dir, lease.id, &req.owner);
+        let key = keys::key_for(&dir, req.permits, lease.id, &req.owner);
         let slot = self.slot(&key);
         let gate = match deadline {
             None => match slot.slot.gate.clone().try_lock_owned() {
@@ -133,6 +142,24 @@ impl Shared {
         };
 
         let mut pending = Gated::armed(slot, gate, Repair::Delete);
+        if req.permits > 1 {
+            let taken = self.take_permit(req, &key, &dir, lease, deadline, &mut pending);
+            let holds = match taken.await? {
+                Taken::Granted(holds) => holds,
+                // A try that found every permit taken, its entry deleted again.
+                Taken::Left => {
+                    drop(pending.disarm());
+                    return Ok(None);
+                }
+                // Its entry is deleted in the background, still behind the gate.
+                Taken::TimedOut => return Ok(None),
+            };
+            let grant = self.grant(req, &key, lease, holds)?;
+            let Gated { gate, slot, .. } = pending.disarm();
+            slot.set(holds);
+            drop(gate);
+            return Ok(Some(grant));
+        }
         // A hot lock's directory is watched by this client already: subscribed before the
         // queueing, the waiter sees every delete after the queue it reads, and needs no
         // second look at its predecessor before it waits.
@@ -187,11 +214,18 @@ impl Shared {
         lease_id: i64,
         pending: &mut Pending,
     ) -> Result<(i64, Option<Pred>, Option<Older>)> {
+        // A name held as a semaphore has permit entries, which keep a lock out: one more
+        // compare (of a range that is empty for a lock) in the queueing transaction.
+        let (permits, permits_end) = keys::permits_range(dir);
         for _ in 0..3 {
             // Our put is the newest write, so the newest entry is ours, the next the one we
             // queue behind, and the rest older still.
             let txn = Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .when([
+                    Compare::create_revision(key, CompareOp::Equal, 0),
+                    Compare::create_revision(permits.as_str(), CompareOp::Equal, 0)
+                        .with_range(permits_end.as_str()),
+                ])
                 .and_then([
                     put_count(key, 1, lease_id),
                     TxnOp::get(
@@ -203,21 +237,19 @@ impl Shared {
                         ),
                     ),
                 ])
-                .or_else([TxnOp::get(key, None)]);
-            // Sent from a task of its own, which the key's repair waits for if this acquire
-            // is dropped meanwhile (see `Gated::in_flight`).
-            let s = self.clone();
-            let request = pending
-                .in_flight
-                .insert(tokio::spawn(async move { s.txn("queueing", txn).await }));
-            let resp = request.await.map_err(|e| {
-                Error::new(
-                    ErrorKind::Backend,
-                    format!("the queueing request failed: {e}"),
-                )
-            });
-            pending.in_flight = None;
-            let resp = resp??;
+                .or_else([
+                    TxnOp::get(key, None),
+                    TxnOp::get(
+                        permits.as_str(),
+                        Some(
+                            GetOptions::new()
+                                .with_range(permits_end.as_str())
+                                .with_keys_only()
+                                .with_limit(1),
+                        ),
+                    ),
+                ]);
+            let resp = self.queueing(txn, pending).await?;
             if resp.succeeded() {
                 let kvs = range_result(&resp, 1)?;
                 let mine = kvs
@@ -241,23 +273,50 @@ impl Shared {
                 });
                 return Ok((mine.create_revision(), pred, older));
             }
-            // The key exists though no acquire, hold or cleanup of ours uses it (a request
-            // that timed out but was applied after all): clear it and queue afresh.
-            if let Some(stale) = range_result(&resp, 0)?.first() {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        key,
-                        CompareOp::Equal,
-                        stale.create_revision(),
-                    )])
-                    .and_then([TxnOp::delete(key, None)]);
-                self.txn("clearing a stale key", txn).await?;
+            if let Some(permit) = range_result(&resp, 1)?.first() {
+                return Err(crate::permits::other_size(dir, permit.key(), 1));
             }
+            self.clear_stale(key, &resp).await?;
         }
-        Err(Error::new(
-            ErrorKind::Backend,
-            format!("could not create the lock key {key:?}: it keeps reappearing"),
-        ))
+        Err(keeps_reappearing(key))
+    }
+
+    /// Sends a transaction that creates an entry key from a task of its own, which the key's
+    /// repair waits for if the acquire is dropped meanwhile (see `Gated::in_flight`).
+    pub(crate) async fn queueing(
+        self: &Arc<Self>,
+        txn: Txn,
+        pending: &mut Pending,
+    ) -> Result<TxnResponse> {
+        let s = self.clone();
+        let request = pending
+            .in_flight
+            .insert(tokio::spawn(async move { s.txn("queueing", txn).await }));
+        let resp = request.await.map_err(|e| {
+            Error::new(
+                ErrorKind::Backend,
+                format!("the queueing request failed: {e}"),
+            )
+        });
+        pending.in_flight = None;
+        resp?
+    }
+
+    /// After a queueing transaction found `key` present, whose first read of the failure
+    /// branch is of `key`: the key exists though no acquire, hold or cleanup of ours uses it (a
+    /// request that timed out but was applied after all), so it is cleared, to queue afresh.
+    pub(crate) async fn clear_stale(&self, key: &str, resp: &TxnResponse) -> Result<()> {
+        if let Some(stale) = range_result(resp, 0)?.first() {
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key,
+                    CompareOp::Equal,
+                    stale.create_revision(),
+                )])
+                .and_then([TxnOp::delete(key, None)]);
+            self.txn("clearing a stale key", txn).await?;
+        }
+        Ok(())
     }
 
     /// Waits until `turn`'s entry is the oldest of its lock, or the deadline passes, and
@@ -345,18 +404,30 @@ impl Shared {
         .await
     }
 
-    /// The entry just before `turn`'s, if `turn`'s entry still exists; an error if not.
-    pub(crate) async fn predecessor(&self, turn: &Turn<'_>) -> Result<Option<Pred>> {
-        // Closed, or lost and not replaced yet: say which; replaced already: say it was lost.
-        let lease_lost = || match self.lease.current() {
+    /// Why a waiter whose entry was made under lease `lease` has no entry any more: the lease
+    /// is gone (closed, or lost and not replaced yet: which; replaced already: that it was
+    /// lost), or else the entry was deleted.
+    pub(crate) fn waiter_gone(&self, lease: i64) -> Error {
+        if self.lease.get(lease).is_some() {
+            return Error::new(
+                ErrorKind::Unavailable,
+                "this waiter's key was deleted while it waited (by an operator, or its lease \
+                 expired)",
+            );
+        }
+        match self.lease.current() {
             Err(e) => e,
             Ok(_) => Error::new(
                 ErrorKind::Unavailable,
                 "the client's lease was lost while waiting, and this waiter's key with it",
             ),
-        };
+        }
+    }
+
+    /// The entry just before `turn`'s, if `turn`'s entry still exists; an error if not.
+    pub(crate) async fn predecessor(&self, turn: &Turn<'_>) -> Result<Option<Pred>> {
         if self.lease.get(turn.lease.id).is_none() {
-            return Err(lease_lost());
+            return Err(self.waiter_gone(turn.lease.id));
         }
         let my_rev = turn.holds.token;
         let txn = Txn::new()
@@ -374,14 +445,7 @@ impl Shared {
             ]);
         let resp = self.txn("checking the queue", txn).await?;
         if !resp.succeeded() {
-            if self.lease.get(turn.lease.id).is_none() {
-                return Err(lease_lost());
-            }
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "this waiter's key was deleted while it waited (by an operator, or its lease \
-                 expired)",
-            ));
+            return Err(self.waiter_gone(turn.lease.id));
         }
         let older = range_result(&resp, 0)?;
         let oldest = range_result(&resp, 1)?;
@@ -441,7 +505,9 @@ impl Shared {
         loop {
             match events.events.recv().await {
                 // A delete at the predecessor's key after it was created: this entry is gone.
-                Ok(Seen::Deleted { key, rev }) if key == pred.key && rev > pred.rev => return true,
+                Ok(Seen::Deleted { key, rev, .. }) if key == pred.key && rev > pred.rev => {
+                    return true
+                }
                 Ok(Seen::Deleted { .. }) => {}
                 Ok(Seen::Broken) | Err(RecvError::Closed) => {
                     self.endpoints.failed(events.endpoint);

@@ -78,12 +78,16 @@ impl Admin for EtcdLock {
         Ok(())
     }
 
-    /// Every entry of the lock but the oldest (the holder's) is a waiter's.
+    /// Every entry of the lock but the oldest (the holder's) is a waiter's; of a semaphore of
+    /// `max`, every entry but the `max` oldest.
     async fn waiters(&self, name: &LockName) -> Result<Option<usize>> {
-        let entries = self
-            .keys_with_prefix(self.dir(name.as_str()), false)
-            .await?;
-        Ok(Some(entries.len().saturating_sub(1)))
+        let dir = self.dir(name.as_str());
+        let entries = self.keys_with_prefix(dir.clone(), false).await?;
+        let max = entries
+            .first()
+            .and_then(|k| keys::parse_entry(&dir, k))
+            .map_or(1, |e| e.max as usize);
+        Ok(Some(entries.len().saturating_sub(max)))
     }
 
     /// Keys of names starting with `prefix`, and the leases of dropped tracked clients that
