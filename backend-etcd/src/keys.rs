@@ -15,7 +15,7 @@
 //! `create_revision == 0`, which holds for an empty range) while it creates its own entry.
 
 use distlock_api::backend::{escape, unescape};
-use distlock_api::OwnerId;
+use distlock_api::{Error, ErrorKind, OwnerId};
 
 /// `name` with `%` and `/` percent-encoded: reversible, and free of `/`.
 pub(crate) fn encode_name(name: &str) -> String {
@@ -118,6 +118,14 @@ pub(crate) fn other_than_size(dir: &str, max: u32) -> [(String, String); 2] {
     // `~` + 1: the end of the range of keys that start with `below`.
     let above = format!("{dir}{PERMIT_MARK}{max}\u{7f}");
     [(dir.to_string(), below), (above, dir_end(dir))]
+}
+
+/// The error of an entry key that could not be created in three tries.
+pub(crate) fn keeps_reappearing(key: &str) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("could not create the lock key {key:?}: it keeps reappearing"),
+    )
 }
 
 #[cfg(test)]

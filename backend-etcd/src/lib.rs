@@ -8,6 +8,7 @@ mod count_down;
 mod endpoints;
 mod error;
 mod holds;
+mod inspect;
 mod keepalive;
 mod keys;
 mod lease;

@@ -29,9 +29,9 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::holds::{put_count, range_count, range_result, Holds, Pending, Shared};
 use crate::keys;
+use crate::keys::keeps_reappearing;
 use crate::lease::LeaseInfo;
 use crate::notices::{Seen, Subscription, WATCH_RETRY};
-use crate::queue::keeps_reappearing;
 
 /// How a permit request ended.
 pub(crate) enum Taken {

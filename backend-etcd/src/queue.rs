@@ -15,7 +15,7 @@ use crate::count_down::Older;
 use crate::holds::{
     entries, lock, put_count, range_count, range_result, Gated, Holds, Pending, Repair, Shared,
 };
-use crate::keys;
+use crate::keys::{self, keeps_reappearing};
 use crate::lease::LeaseInfo;
 use crate::notices::{Seen, Subscription, WATCH_RETRY};
 use crate::permits::Taken;
@@ -45,14 +45,6 @@ impl Pred {
             oldest,
         })
     }
-}
-
-/// The error of an entry key that could not be created in three tries.
-pub(crate) fn keeps_reappearing(key: &str) -> Error {
-    Error::new(
-        ErrorKind::Backend,
-        format!("could not create the lock key {key:?}: it keeps reappearing"),
-    )
 }
 
 /// The read of a lock's oldest entry: its holder.
