@@ -37,7 +37,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(false)
     .fencing(Fencing::Durable)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// A client of the MySQL/MariaDB lock table: two connection pools (acquiring; renewing and
 /// releasing), one owner id, one watchdog, and (if configured) one sweeper task.
@@ -52,15 +53,16 @@ pub struct MysqlLock {
 }
 
 impl MysqlLock {
-    /// The pool and the lock table's name, for the test-only admin.
+    /// The pool and the lock and permit tables' names, for the test-only admin.
     #[cfg(feature = "testing")]
-    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, &str) {
-        (self.inner.pool.sqlx(), &self.inner.sql.locks)
+    pub(crate) fn admin_parts(&self) -> (&sqlx::MySqlPool, [&str; 2]) {
+        let sql = &self.inner.sql;
+        (self.inner.pool.sqlx(), [&sql.locks, &sql.permit.table])
     }
 }
 
 impl MysqlLock {
-    /// Connects to the server, creates the two tables if they do not exist (unless turned off),
+    /// Connects to the server, creates the three tables if they do not exist (unless turned off),
     /// checks that they have the columns this backend uses, and starts the sweeper if the config
     /// asks for it.
     ///
@@ -225,6 +227,10 @@ impl DistributedLock for MysqlLock {
         name: &distlock_api::LockName,
         token: distlock_api::FencingToken,
     ) -> distlock_api::Result<bool> {
+        // A permit goes by one conditional delete; a lock by its releases.
+        if self.inner.force_release_permit(name, token).await? {
+            return Ok(true);
+        }
         distlock_api::backend::force_release_by_releases(self, name, token).await
     }
 
@@ -232,7 +238,13 @@ impl DistributedLock for MysqlLock {
         &self,
         surplus: &distlock_api::backend::Surplus,
     ) -> distlock_api::Result<bool> {
-        distlock_api::backend::give_back_by_release(self, surplus).await
+        // By the owner's own permit, which inspect (the oldest permit) may not show.
+        let (name, owner, ttl) = (&surplus.name, &surplus.owner, surplus.ttl);
+        match self.inner.own_permit(name, owner, ttl).await? {
+            Some(g) if self.core.has_surplus(surplus, g.hold_count) => self.inner.release(&g).await,
+            Some(_) => Ok(false),
+            None => distlock_api::backend::give_back_by_release(self, surplus).await,
+        }
     }
 
     fn core(&self) -> &ClientCore {

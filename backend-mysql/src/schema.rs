@@ -1,4 +1,4 @@
-//! The two tables on connect: created if asked, checked, and brought up from an earlier
+//! The three tables on connect: created if asked, checked, and brought up from an earlier
 //! version's shape.
 
 use distlock_api::{Error, ErrorKind, Result};
@@ -24,7 +24,7 @@ pub(crate) async fn prepare(
         .await
         .map_err(fail("connecting"))?;
     if create_tables {
-        for ddl in [&sql.create_locks, &sql.create_fencing] {
+        for ddl in [&sql.create_locks, &sql.create_fencing, &sql.permit.create] {
             conn.execute(AssertSqlSafe(ddl.clone()))
                 .await
                 .map_err(fail("creating the lock tables"))?;
@@ -72,7 +72,7 @@ pub(crate) async fn prepare(
             .await
             .map_err(fail("updating the lock table to this version"))?;
     }
-    for check in [&sql.check_locks, &sql.check_fencing] {
+    for check in [&sql.check_locks, &sql.check_fencing, &sql.permit.check] {
         conn.execute(AssertSqlSafe(check.clone()))
             .await
             .map_err(|e| {

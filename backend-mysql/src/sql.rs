@@ -8,6 +8,10 @@
 
 use std::sync::Arc;
 
+mod permit;
+
+pub(crate) use permit::{permit_table, PermitStatements, MARKER};
+
 /// The lock table's DDL.
 pub(crate) const CREATE_LOCKS: &str = include_str!("sql/create_locks.sql");
 /// The fencing table's DDL.
@@ -252,6 +256,8 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
+    /// The statements of semaphore permits (`sql/permit.rs`).
+    pub(crate) permit: PermitStatements,
     grant_in_one: Arc<str>,
     rollback_and_read: Arc<str>,
     hand_over: Arc<str>,
@@ -264,12 +270,17 @@ pub(crate) struct Statements {
 impl Statements {
     /// Renders every statement for these (already validated) table names.
     pub(crate) fn new(locks: &str, fencing: &str) -> Self {
+        let permits = permit_table(locks);
+        let marker = format!("'{MARKER}'");
         let r = |sql: &str| -> Arc<str> {
             sql.replace("{locks}", locks)
                 .replace("{fencing}", fencing)
+                .replace("{permits}", &permits)
+                .replace("{marker}", &marker)
                 .into()
         };
         Self {
+            permit: PermitStatements::new(&permits, r),
             create_locks: r(CREATE_LOCKS),
             create_fencing: r(CREATE_FENCING),
             check_locks: r(CHECK_LOCKS),
@@ -412,9 +423,15 @@ mod tests {
             &s.clear_expired,
             &s.renew,
             &s.sweep,
-        ] {
+        ]
+        .into_iter()
+        .chain(s.permit.all())
+        {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
-            assert!(sql.contains("`l_t`") || sql.contains("`f_t`"), "{sql}");
+            assert!(
+                sql.contains("`l_t`") || sql.contains("`f_t`") || sql.contains("`l_t_permits`"),
+                "{sql}"
+            );
             assert!(!sql.contains("NOW("), "client-zone clock in {sql}");
         }
     }

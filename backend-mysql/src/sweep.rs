@@ -20,8 +20,12 @@ impl Inner {
             .await
             .map_err(|e| map_error(e, &what()))?;
         let mut total = 0;
-        loop {
-            let statement = sqlx::query(AssertSqlSafe(self.sql.sweep.clone()))
+        // Expired lock rows (markers included), then expired permits; each table until a
+        // batch comes back short.
+        let mut tables = [&self.sql.sweep, &self.sql.permit.sweep].into_iter();
+        let mut sweep = tables.next();
+        while let Some(sql) = sweep {
+            let statement = sqlx::query(AssertSqlSafe(sql.clone()))
                 .bind(self.sweep_batch)
                 .execute(&mut *conn);
             let Ok(deleted) = tokio::time::timeout(self.operation_timeout, statement).await else {
@@ -40,12 +44,14 @@ impl Inner {
             total += deleted;
             self.swept.fetch_add(deleted, Ordering::Relaxed);
             if deleted < u64::from(self.sweep_batch) {
-                conn.give_back();
-                return Ok(total);
+                sweep = tables.next();
+                continue;
             }
             // Let acquires and renewals queued behind this batch's row locks go first.
             tokio::task::yield_now().await;
         }
+        conn.give_back();
+        Ok(total)
     }
 }
 

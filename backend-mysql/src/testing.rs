@@ -1,5 +1,5 @@
 //! The test-only admin of the MySQL/MariaDB backend (feature `testing`): statements on the
-//! client's own pool and lock table.
+//! client's own pool, lock table and permit table.
 
 use std::sync::Arc;
 
@@ -13,34 +13,42 @@ use crate::{MysqlConfig, MysqlLock};
 
 #[async_trait]
 impl Admin for MysqlLock {
+    /// Deletes the name's lock-table row (a lock, or a semaphore's marker) and its permits.
     async fn remove_holder(&self, name: &LockName) -> Result<()> {
-        let (pool, table) = self.admin_parts();
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM `{table}` WHERE name = ?"
-        )))
-        .bind(name.as_str().as_bytes())
-        .execute(pool)
-        .await
-        .map_err(|e| map_error(e, "deleting the lock row"))?;
+        let (pool, tables) = self.admin_parts();
+        for table in tables {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM `{table}` WHERE name = ?"
+            )))
+            .bind(name.as_str().as_bytes())
+            .execute(pool)
+            .await
+            .map_err(|e| map_error(e, "deleting the lock row"))?;
+        }
         Ok(())
     }
 
-    /// Rows of names starting with `prefix`, expired or not: a row is removed by its release,
-    /// or by the sweeper once expired.
+    /// Lock-table rows and permit rows of names starting with `prefix`, expired or not: a row
+    /// is removed by its release, or by the sweeper once expired.
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
-        let (pool, table) = self.admin_parts();
-        let names: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT name FROM `{table}` WHERE LEFT(name, ?) = ?"
-        )))
-        .bind(prefix.len() as u64)
-        .bind(prefix.as_bytes())
-        .fetch_all(pool)
-        .await
-        .map_err(|e| map_error(e, "listing lock rows"))?;
-        Ok(names
-            .into_iter()
-            .map(|n| format!("lock row {:?}", String::from_utf8_lossy(&n)))
-            .collect())
+        let (pool, [locks, permits]) = self.admin_parts();
+        let mut left = Vec::new();
+        for (table, what) in [(locks, "lock row"), (permits, "permit row")] {
+            let names: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT name FROM `{table}` WHERE LEFT(name, ?) = ?"
+            )))
+            .bind(prefix.len() as u64)
+            .bind(prefix.as_bytes())
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map_error(e, "listing lock rows"))?;
+            left.extend(
+                names
+                    .into_iter()
+                    .map(|n| format!("{what} {:?}", String::from_utf8_lossy(&n))),
+            );
+        }
+        Ok(left)
     }
 }
 

@@ -8,15 +8,21 @@ use distlock_api::{FencingToken, Grant, Result};
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
+use super::permit::other_permits;
 use super::{grant, last_insert_id, lock_row, micros, Inner, LockRow, MAX_ROUNDS};
 use crate::error::{is_conflict, is_duplicate};
+use crate::sql::MARKER;
 
 impl Inner {
     /// One acquire attempt within the operation timeout.
     pub(crate) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
         let mut conn = self.lend(&self.pool, &req.name).await?;
-        let outcome =
-            tokio::time::timeout(self.operation_timeout, self.attempt_on(&mut conn, req)).await;
+        let outcome = if req.permits > 1 {
+            let attempt = self.permit_attempt_on(&mut conn, req);
+            tokio::time::timeout(self.operation_timeout, attempt).await
+        } else {
+            tokio::time::timeout(self.operation_timeout, self.attempt_on(&mut conn, req)).await
+        };
         conn.finish(outcome)
             .unwrap_or_else(|| Err(self.timed_out("acquiring", &req.name)))
     }
@@ -56,6 +62,19 @@ impl Inner {
             let outcome = match row {
                 Some(r) if r.remaining_us > 0 && r.owner == owner => {
                     self.join(conn, req, r.token, ttl_us).await
+                }
+                // A semaphore's marker: a lock is a semaphore of one permit, so the request is
+                // refused (looked at only here, where the answer would be "held").
+                Some(r) if r.remaining_us > 0 && r.owner == MARKER.as_bytes() => {
+                    let size = self
+                        .semaphore_size(conn, name)
+                        .await
+                        .map_err(self.err("reading the semaphore's size", &req.name))?;
+                    match size {
+                        Some(size) => return Err(other_permits(req, size)),
+                        // Its permits went meanwhile: read again.
+                        None => continue,
+                    }
                 }
                 Some(r) if r.remaining_us > 0 => {
                     let left = Duration::from_micros(r.remaining_us.unsigned_abs());

@@ -1,9 +1,12 @@
 //! The server operations behind [`MysqlLock`](crate::MysqlLock): the state its tasks share,
-//! renewals and reads here, acquiring in `acquire.rs`, releasing and handing over in `release.rs`.
+//! renewals and reads here, acquiring in `acquire.rs`, releasing and handing over in `release.rs`,
+//! semaphore permits in `permit.rs`.
 
 mod acquire;
+mod permit;
 mod release;
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +23,8 @@ use crate::notices::Signals;
 use crate::renewal::{BatchError, Renewals};
 use crate::sql::{self, Statements};
 use crate::BACKEND;
+
+use self::permit::{is_marker, permit_info};
 
 /// How many times one acquire attempt or release re-reads the row after a conditional write
 /// matched nothing because another client changed the row in between (or the server picked
@@ -93,6 +98,9 @@ impl Inner {
     }
 
     pub(crate) async fn renew(&self, g: &Grant, ttl: Duration) -> Result<Duration> {
+        if g.permits > 1 {
+            return self.renew_permit(g, ttl).await;
+        }
         let ttl_us = micros(ttl);
         let renewed = self
             .renewals
@@ -132,16 +140,29 @@ impl Inner {
 
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let mut conn = self.lend(&self.pool, name).await?;
-        let read = sqlx::query(AssertSqlSafe(self.sql.inspect.clone()))
-            .bind(name.as_str().as_bytes())
-            .fetch_optional(&mut *conn);
+        let read = async {
+            let row = sqlx::query(AssertSqlSafe(self.sql.inspect.clone()))
+                .bind(name.as_str().as_bytes())
+                .fetch_optional(&mut *conn)
+                .await?;
+            match row {
+                // A live semaphore's marker: its permits tell the rest.
+                Some(row) if is_marker(&row, 0)? && row.try_get::<i64, _>(3)? > 0 => {
+                    let max: u32 = row.try_get(1)?;
+                    let permits = self.inspect_permits(&mut conn, name).await?;
+                    Ok(permits.map(|p| (p, Some(max))))
+                }
+                other => Ok(other.map(|row| (row, None))),
+            }
+        };
         let outcome = tokio::time::timeout(self.operation_timeout, read).await;
         let row = conn
             .finish(outcome)
             .ok_or_else(|| self.timed_out("reading the lock row", name))?
             .map_err(self.err("reading the lock row", name))?;
         match row {
-            Some(row) => info_of(&row, 0, name),
+            Some((row, None)) => info_of(&row, 0, name),
+            Some((row, Some(max))) => permit_info(&row, 0, name, max),
             None => Ok(None),
         }
     }
@@ -151,12 +172,27 @@ impl Inner {
         let mut conn = Lent::from(&self.pool)
             .await
             .map_err(|e| map_error(e, &what()))?;
-        let read = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
-            .bind(prefix.as_bytes())
-            .bind(prefix.len() as u64)
-            .bind(prefix.as_bytes())
-            .fetch_all(&mut *conn);
-        let rows = match tokio::time::timeout(self.operation_timeout, read).await {
+        let read = async {
+            let rows = sqlx::query(AssertSqlSafe(self.sql.list.clone()))
+                .bind(prefix.as_bytes())
+                .bind(prefix.len() as u64)
+                .bind(prefix.as_bytes())
+                .fetch_all(&mut *conn)
+                .await?;
+            // Semaphores' markers: their permits tell the rest, read once for all of them.
+            let mut permits = HashMap::new();
+            let mut markers = false;
+            for row in &rows {
+                markers |= is_marker(row, 1)?;
+            }
+            if markers {
+                for row in self.list_permits(&mut conn, prefix).await? {
+                    permits.insert(row.try_get::<Vec<u8>, _>(0)?, row);
+                }
+            }
+            Ok::<_, sqlx::Error>((rows, permits))
+        };
+        let (rows, mut permits) = match tokio::time::timeout(self.operation_timeout, read).await {
             Ok(rows) => rows.map_err(|e| map_error(e, &what()))?,
             Err(_) => return Err(timed_out(&what(), self.operation_timeout)),
         };
@@ -170,7 +206,17 @@ impl Inner {
             else {
                 continue;
             };
-            if let Some(info) = info_of(&row, 1, &name)? {
+            let info = if is_marker(&row, 1).map_err(|e| map_error(e, &what()))? {
+                let max: u32 = row.try_get(2).map_err(|e| map_error(e, &what()))?;
+                // No live permit seen: they went between the two reads.
+                match permits.remove(name.as_str().as_bytes()) {
+                    Some(p) => permit_info(&p, 1, &name, max)?,
+                    None => None,
+                }
+            } else {
+                info_of(&row, 1, &name)?
+            };
+            if let Some(info) = info {
                 held.push((name, info));
             }
         }

@@ -16,6 +16,10 @@ use crate::BACKEND;
 impl Inner {
     /// A release within the operation timeout.
     pub(crate) async fn release(&self, g: &Grant) -> Result<bool> {
+        // A permit's row is in the permit table; it keeps no hint and no release signal.
+        if g.permits > 1 {
+            return self.release_permit(g).await;
+        }
         let released = async {
             let mut conn = self.lend(&self.holders, &g.name).await?;
             let outcome =

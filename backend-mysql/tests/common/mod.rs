@@ -156,7 +156,9 @@ impl PrivateTables {
 
     pub async fn drop_all(&self) {
         let mut conn = self.raw().await;
-        for t in [&self.locks, &self.fencing, &self.audit] {
+        // The permit table is named after the lock table (see the crate docs).
+        let permits = format!("{}_permits", self.locks);
+        for t in [&self.locks, &self.fencing, &self.audit, &permits] {
             let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS `{t}`")))
                 .execute(&mut conn)
                 .await;
