@@ -21,6 +21,7 @@ use crate::config::ZkConfig;
 use crate::error::zk_error;
 use crate::holds::{lock, Inner, NodeData};
 use crate::path;
+use crate::permits;
 use crate::queue::MAX_CREATE_ATTEMPTS;
 use crate::session::{self, request_error};
 
@@ -38,7 +39,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(true)
     .fencing(Fencing::Durable)
-    .renewal(true);
+    .renewal(true)
+    .semaphore(true);
 
 /// How many locks the watchdog confirms with one multi-read.
 const RENEW_BATCH: usize = 64;
@@ -217,7 +219,11 @@ impl DistributedLock for ZkLock {
             // The hold record is gone already, so nothing else would ever delete the node: a
             // delete that fails goes on in the background (and the caller hears of the failure).
             Step::Delete => {
-                lock(&self.inner.released).insert(grant.key.clone(), Instant::now());
+                // A lock's waiter right behind this node takes its turn at the deletion event
+                // (see `Released`); a permit's waiters look at the queue again.
+                if grant.permits <= 1 {
+                    lock(&self.inner.released).insert(grant.key.clone(), Instant::now());
+                }
                 match delete_reported(&s, &grant.key).await {
                     Deleted::Yes => Ok(true),
                     Deleted::Absent | Deleted::SessionEnded => Ok(false),
@@ -348,16 +354,39 @@ impl DistributedLock for ZkLock {
     }
 
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        let Some((node, info)) = self.holder(name).await? else {
+        let Some((holders, info)) = self.holder(name).await? else {
             return Ok(false);
         };
-        if info.token != token {
-            return Ok(false);
-        }
+        let s = self.inner.session();
+        let node = if info.token == token {
+            holders[0].clone()
+        } else {
+            // A semaphore's other permits: the holder whose node's czxid is the token. Later
+            // nodes were created later, so their czxids are larger: stop past the token.
+            let mut found = None;
+            for node in &holders[1..] {
+                match s.call_again(|| s.client.check_stat(node)).await {
+                    Ok(Some(stat)) if stat.czxid as u64 == token.0 => {
+                        found = Some(node.clone());
+                        break;
+                    }
+                    Ok(Some(stat)) if stat.czxid as u64 > token.0 => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(
+                            request_error(e, "cannot read a permit's node", &s).with_lock(name)
+                        )
+                    }
+                }
+            }
+            let Some(node) = found else {
+                return Ok(false);
+            };
+            node
+        };
         // Sequential node paths are never reused, so deleting the path read is deleting that
         // grant's node and nobody else's; its holder's session check then finds it gone, and
-        // the next waiter's predecessor watch fires.
-        let s = self.inner.session();
+        // the watch of the waiter it wakes fires.
         match s.call(s.client.delete(&node, None)).await {
             Ok(()) => Ok(true),
             Err(Some(zk::Error::NoNode)) => Ok(false),
@@ -367,9 +396,10 @@ impl DistributedLock for ZkLock {
 }
 
 impl ZkLock {
-    /// The holder's node path and what it says: the lowest node of the lock's queue, with its
-    /// creation zxid as the token and its creation time (the server's clock) as `since`.
-    async fn holder(&self, name: &LockName) -> Result<Option<(String, LockInfo)>> {
+    /// The paths of the nodes that hold, the lowest first, and what the lowest says: its owner
+    /// and holds, its creation zxid as the token and its creation time (the server's clock) as
+    /// `since`; for a semaphore, how many permits are held of how many.
+    async fn holder(&self, name: &LockName) -> Result<Option<(Vec<String>, LockInfo)>> {
         let s = self.inner.session();
         s.check_live()
             .map_err(|e| e.with_backend("zk").with_lock(name))?;
@@ -381,11 +411,16 @@ impl ZkLock {
                 Err(Some(zk::Error::NoNode)) => return Ok(None),
                 Err(e) => return Err(context(e, "cannot list the lock's queue")),
             };
-            let Some(first) = path::queue(children).into_iter().next() else {
+            let queue = path::queue(children);
+            let Some((held, max)) = permits::held(&queue) else {
                 return Ok(None);
             };
-            let holder = path::join(&dir, &first.name);
-            let (data, stat) = match s.call_again(|| s.client.get_data(&holder)).await {
+            let holders: Vec<String> = queue[..held as usize]
+                .iter()
+                .map(|n| path::join(&dir, &n.name))
+                .collect();
+            let holder = &holders[0];
+            let (data, stat) = match s.call_again(|| s.client.get_data(holder)).await {
                 Ok(found) => found,
                 // Released between the two reads: look again.
                 Err(Some(zk::Error::NoNode)) => continue,
@@ -410,8 +445,9 @@ impl ZkLock {
                 .with_lock(name)
             })?;
             let info = LockInfo::new(owner, parsed.holds, FencingToken(stat.czxid as u64), None)
-                .with_since_unix_ms(stat.ctime);
-            return Ok(Some((holder, info)));
+                .with_since_unix_ms(stat.ctime)
+                .with_permits(held, max);
+            return Ok(Some((holders, info)));
         }
         Err(Error::new(
             ErrorKind::Unavailable,

@@ -9,6 +9,7 @@ mod config;
 mod error;
 mod holds;
 mod path;
+mod permits;
 mod queue;
 mod session;
 #[cfg(feature = "testing")]

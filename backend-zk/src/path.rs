@@ -2,7 +2,8 @@
 //! nodes below them.
 //!
 //! A lock `name` lives at `<base>/<segment>` where `segment` is [`encode_name`]`(name)`; each
-//! contender adds an ephemeral-sequential child `_c_<uuid>-lock-<sequence>` to it.
+//! contender adds an ephemeral-sequential child `_c_<uuid>-lock-<sequence>` to it, and each
+//! contender for a permit of a semaphore of `max` a child `_c_<uuid>-sem<max>-lock-<sequence>`.
 
 use std::fmt::Write as _;
 
@@ -14,8 +15,13 @@ use crate::error::invalid;
 /// `zookeeper` raw and the encoding stays reversible.
 const NAME_MARK: char = '_';
 
-/// What every queue node's name holds between the unique prefix and the sequence number.
+/// What every queue node's name holds between the unique prefix and the sequence number. A
+/// permit's node has it too, so that every client (one without semaphores included) counts
+/// permits in the name's one queue.
 const QUEUE_INFIX: &str = "-lock-";
+
+/// What marks a permit's node, right before [`QUEUE_INFIX`]: `-sem<max>`.
+const PERMIT_MARK: &str = "-sem";
 
 /// Whether ZooKeeper rejects `c` in a path (or it needs escaping for the encoding to stay
 /// reversible). The server checks Java `char`s, UTF-16 code units: it refuses controls,
@@ -94,9 +100,14 @@ pub(crate) fn join(parent: &str, child: &str) -> String {
 }
 
 /// A fresh queue-node prefix, unique to one acquire attempt: after a connection loss during
-/// its create, the contender finds its node by this prefix instead of leaving an orphan.
-pub(crate) fn new_queue_prefix() -> String {
-    format!("_c_{}{QUEUE_INFIX}", uuid::Uuid::new_v4().simple())
+/// its create, the contender finds its node by this prefix instead of leaving an orphan. A
+/// request for a permit of a semaphore of `permits` (more than 1) carries that number in it.
+pub(crate) fn new_queue_prefix(permits: u32) -> String {
+    let id = uuid::Uuid::new_v4().simple();
+    match permits {
+        0 | 1 => format!("_c_{id}{QUEUE_INFIX}"),
+        max => format!("_c_{id}{PERMIT_MARK}{max}{QUEUE_INFIX}"),
+    }
 }
 
 /// One contender's node in a lock's queue.
@@ -106,6 +117,8 @@ pub(crate) struct QueueNode {
     pub(crate) name: String,
     /// Its sequence number: the queue order.
     pub(crate) seq: i64,
+    /// The permits its request asked for: 1 for a lock, the semaphore's `max` for a permit.
+    pub(crate) max: u32,
 }
 
 /// The queue nodes among `children`, lowest sequence (the holder) first. Anything else a
@@ -114,12 +127,17 @@ pub(crate) fn queue(children: Vec<String>) -> Vec<QueueNode> {
     let mut nodes: Vec<QueueNode> = children
         .into_iter()
         .filter_map(|name| {
-            let (_, digits) = name.rsplit_once(QUEUE_INFIX)?;
+            let (prefix, digits) = name.rsplit_once(QUEUE_INFIX)?;
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
             }
             let seq = digits.parse().ok()?;
-            Some(QueueNode { name, seq })
+            let max = prefix
+                .rsplit_once(PERMIT_MARK)
+                .and_then(|(_, max)| max.parse().ok())
+                .filter(|&max| max > 1)
+                .unwrap_or(1);
+            Some(QueueNode { name, seq, max })
         })
         .collect();
     // By sequence, never by name: names start with random prefixes.
@@ -184,10 +202,29 @@ mod tests {
         let seqs: Vec<i64> = q.iter().map(|n| n.seq).collect();
         assert_eq!(seqs, [1, 3, 10]);
         assert_eq!(q[0].name, "_c_aaaa-lock-0000000001");
-        let p = new_queue_prefix();
+        assert!(q.iter().all(|n| n.max == 1));
+        let p = new_queue_prefix(1);
         assert!(p.starts_with("_c_") && p.ends_with(QUEUE_INFIX));
-        assert_ne!(p, new_queue_prefix());
+        assert!(!p.contains(PERMIT_MARK));
+        assert_ne!(p, new_queue_prefix(1));
         assert_eq!(join("/", "x"), "/x");
         assert_eq!(join("/a", "x"), "/a/x");
+    }
+
+    #[test]
+    fn a_permits_node_carries_its_semaphores_size() {
+        let p = new_queue_prefix(3);
+        assert!(p.starts_with("_c_") && p.ends_with("-sem3-lock-"), "{p}");
+        let children = vec![
+            format!("{p}0000000007"),
+            "_c_0000-lock-0000000002".to_string(),
+            "_c_1111-sem12-lock-0000000004".to_string(),
+            // Not a permit's mark: taken as a lock's node.
+            "_c_2222-sem1-lock-0000000005".to_string(),
+            "_c_3333-semx-lock-0000000006".to_string(),
+        ];
+        let q = queue(children);
+        let kinds: Vec<(i64, u32)> = q.iter().map(|n| (n.seq, n.max)).collect();
+        assert_eq!(kinds, [(2, 1), (4, 12), (5, 1), (6, 1), (7, 3)]);
     }
 }

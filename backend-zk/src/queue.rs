@@ -1,5 +1,7 @@
 //! The queue: one ephemeral-sequential node per contender under the lock's container node; the
-//! lowest sequence holds, and every other contender watches only its predecessor.
+//! lowest sequence holds the lock (the lowest `max` hold a semaphore's permits, see
+//! [`crate::permits`]), and every waiter watches one node, or the first waiter for permits the
+//! queue.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,6 +15,7 @@ use crate::cleanup::{settle, spawn_delete, QueueNodes};
 use crate::error::in_doubt;
 use crate::holds::{lock, Inner, NodeData};
 use crate::path::{self, QueueNode};
+use crate::permits::{judge, mark_granted, other_permits, Verdict};
 use crate::session::{request_error, Session};
 
 /// How often an acquire re-creates its queue node after it vanished (removed by an operator)
@@ -31,7 +34,7 @@ impl Inner {
             return Ok(Some(grant));
         }
         let dir = self.dir(&req.name);
-        let prefix = path::new_queue_prefix();
+        let prefix = path::new_queue_prefix(req.permits);
         let data = NodeData::bytes(&req.owner, 1);
         let mut pending = QueueNodes::armed(s.clone(), dir.clone(), prefix.clone());
         let started = pending.started;
@@ -93,11 +96,24 @@ impl Inner {
                     pending.known.push(mine.clone());
                 }
             }
-            let position = queue.iter().position(|n| n.seq == me.seq).unwrap_or(0);
-            if position == 0 {
-                return self
-                    .take_turn(&s, req, pending, mine, czxid, vouched_at)
-                    .map(Some);
+            let my_seq = me.seq;
+            let position = queue.iter().position(|n| n.seq == my_seq).unwrap_or(0);
+            let verdict = judge(&queue, position, req.permits);
+            match verdict {
+                Verdict::Hold => {
+                    if req.permits > 1 && position + 1 < queue.len() {
+                        // Someone queued behind us may be watching our node as a waiter's.
+                        mark_granted(&s, &mine, &req.owner);
+                    }
+                    return self
+                        .take_turn(&s, req, pending, mine, czxid, vouched_at)
+                        .map(Some);
+                }
+                Verdict::Refuse(held) => {
+                    settle(pending).await;
+                    return Err(other_permits(req, held));
+                }
+                Verdict::Node(_) | Verdict::Children => {}
             }
             let Some(deadline) = deadline else {
                 // try-acquire: not first, so leave the queue.
@@ -108,16 +124,41 @@ impl Inner {
                 settle(pending).await;
                 return Err(wait::timeout(deadline.saturating_duration_since(started)));
             }
-            // Watch only the node just ahead of ours: its deletion is our turn (or its owner
-            // left the queue, and we re-check).
-            let predecessor = path::join(&dir, &queue[position - 1].name);
-            let watcher = match s
-                .call_again(|| s.client.get_and_watch_data(&predecessor))
-                .await
-            {
-                Ok((_, _, watcher)) => watcher,
-                Err(Some(zk::Error::NoNode)) => continue,
-                Err(e) => return Err(request_error(e, "cannot watch the predecessor", &s)),
+            let (watcher, predecessor) = match verdict {
+                // Watch only the one node the verdict names (for a lock, the one just ahead of
+                // ours): its deletion is our turn, or its owner left the queue (or, for a
+                // permit, it was granted), and we re-check.
+                Verdict::Node(i) => {
+                    let watched = path::join(&dir, &queue[i].name);
+                    match s.call_again(|| s.client.get_and_watch_data(&watched)).await {
+                        // Written to since it was created: a permit granted already (see
+                        // `mark_granted`), so our place has changed.
+                        Ok((_, stat, _)) if req.permits > 1 && stat.version != 0 => continue,
+                        Ok((_, _, watcher)) => (watcher, watched),
+                        Err(Some(zk::Error::NoNode)) => continue,
+                        Err(e) => return Err(request_error(e, "cannot watch the predecessor", &s)),
+                    }
+                }
+                // The semaphore's first waiter watches the queue: any holder's release is its
+                // turn. The watch is set by a listing, judged again so no change is missed.
+                _ => match s
+                    .call_again(|| s.client.list_and_watch_children(&dir))
+                    .await
+                {
+                    Ok((children, watcher)) => {
+                        let now = path::queue(children);
+                        let still = now
+                            .iter()
+                            .position(|n| n.seq == my_seq)
+                            .map(|me| judge(&now, me, req.permits));
+                        if still != Some(Verdict::Children) {
+                            continue;
+                        }
+                        (watcher, dir.clone())
+                    }
+                    Err(Some(zk::Error::NoNode)) => continue,
+                    Err(e) => return Err(request_error(e, "cannot watch the queue", &s)),
+                },
             };
             let woken = tokio::select! {
                 event = watcher.changed() => Some(Some(event)),
@@ -134,7 +175,8 @@ impl Inner {
             // `Released`). The lease counts from a request that went through the leader: the
             // release's delete, or the one `vouched` for while that is recent (else the queue
             // is listed again, behind a sync).
-            let deleted = event.is_some_and(|e| e.event_type == zk::EventType::NodeDeleted);
+            let deleted = req.permits == 1
+                && event.is_some_and(|e| e.event_type == zk::EventType::NodeDeleted);
             let turn = deleted
                 .then(|| lock(&self.released).get(&predecessor).copied())
                 .flatten();
@@ -151,9 +193,9 @@ impl Inner {
         }
     }
 
-    /// The grant of our node `mine`, first in its queue, with the lease a request of ours sent
-    /// at `sent` that went through the leader vouches for: recorded as held, and any other node
-    /// of ours deleted.
+    /// The grant of our node `mine` (first in its queue, or for a permit among the first
+    /// `max`), with the lease a request of ours sent at `sent` that went through the leader
+    /// vouches for: recorded as held, and any other node of ours deleted.
     fn take_turn(
         &self,
         s: &Session,
