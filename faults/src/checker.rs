@@ -482,9 +482,8 @@ pub(crate) fn check(
                 }
             }
             (None, Some(e)) if e.starts_with("Lost") => {
-                // From the acquire's send: a deletion sent while the acquire was in flight can
-                // take the node or key the server had just granted it, and one sent before may
-                // be applied in it (a row lock held it back).
+                // A deletion in flight (send to answer) while the acquire was can take the node,
+                // key or row the server had just granted it (a row lock may hold it back).
                 let fault_between = faults.iter().any(|f| g.sent <= f.done && f.at <= *complete);
                 if g.end > complete + 20_000_000 && !fault_between {
                     out.violations.push(format!(

@@ -95,13 +95,7 @@ impl Inner {
                 }
             }
         }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "releasing a permit kept losing lock conflicts",
-        )
-        .with_backend(BACKEND)
-        .with_lock(&g.name)
-        .temporary(true))
+        Err(kept_conflicting("releasing a permit", &g.name))
     }
 
     /// Extends the permit `g` to at least `ttl` from the server's now, and its marker with it,
@@ -240,13 +234,7 @@ impl Inner {
                 }
             }
         }
-        Err(Error::new(
-            ErrorKind::Backend,
-            "force-releasing a permit kept losing lock conflicts",
-        )
-        .with_backend(BACKEND)
-        .with_lock(name)
-        .temporary(true))
+        Err(kept_conflicting("force-releasing a permit", name))
     }
 
     /// What inspect shows of a name whose lock-table row is a live marker: its oldest live
@@ -329,4 +317,15 @@ pub(in crate::ops) fn permit_info(
         .map_err(|e| map_error(e, "reading the permit row").with_lock(name))?;
     let held = u32::try_from(held).unwrap_or(u32::MAX);
     Ok(info_of(row, at, name)?.map(|info| info.with_permits(held, max)))
+}
+
+/// The temporary error of a permit transaction that lost a lock conflict on every try.
+fn kept_conflicting(what: &str, name: &LockName) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("{what} kept losing lock conflicts"),
+    )
+    .with_backend(BACKEND)
+    .with_lock(name)
+    .temporary(true)
 }
