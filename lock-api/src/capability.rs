@@ -45,6 +45,12 @@ pub struct Capabilities {
     /// for more than one permit is [`Unsupported`](crate::ErrorKind::Unsupported), before any
     /// request is sent.
     pub semaphore: bool,
+    /// Names can be elections: a holder can proclaim a value
+    /// ([`DistributedLock::proclaim`](crate::DistributedLock::proclaim)), written only while
+    /// its grant holds, which [`inspect`](crate::DistributedLock::inspect) reports with the
+    /// holder. Without it, campaigning is [`Unsupported`](crate::ErrorKind::Unsupported), before
+    /// any request is sent.
+    pub election: bool,
 }
 
 /// How a waiting acquire learns that the lock came free. Ways may be added (`#[non_exhaustive]`).
@@ -128,6 +134,7 @@ impl Capabilities {
             fencing: Fencing::None,
             renewal: false,
             semaphore: false,
+            election: false,
         }
     }
 
@@ -180,6 +187,13 @@ impl Capabilities {
         self
     }
 
+    /// Sets [`election`](Capabilities#structfield.election).
+    #[must_use]
+    pub const fn election(mut self, election: bool) -> Self {
+        self.election = election;
+        self
+    }
+
     /// Whether grants expire by themselves when not renewed, per lock.
     pub fn per_lock_ttl(&self) -> bool {
         self.ttl.kind == LeaseKind::PerLock
@@ -216,13 +230,14 @@ impl Capabilities {
             Blocking::Signal => "signal (the server wakes waiters where it can; else poll)",
         };
         format!(
-            "- [{}] reentrant\n- [x] blocking: {blocking}\n- [{}] ttl: {ttl}\n- [{}] fair (FIFO)\n- [{}] fencing: {fencing}\n- [{}] renewal (watchdog)\n- [{}] semaphore (counting permits)\n",
+            "- [{}] reentrant\n- [x] blocking: {blocking}\n- [{}] ttl: {ttl}\n- [{}] fair (FIFO)\n- [{}] fencing: {fencing}\n- [{}] renewal (watchdog)\n- [{}] semaphore (counting permits)\n- [{}] election (leader with a proclaimed value)\n",
             tick(self.reentrant),
             tick(self.ttl.kind != LeaseKind::None),
             tick(self.fair),
             tick(self.fencing_tokens()),
             tick(self.renewal),
             tick(self.semaphore),
+            tick(self.election),
         )
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::acquire::{lock_with, try_lock_with};
+use crate::election::Election;
 use crate::error::{Error, ErrorKind, Result};
 use crate::grant::{FencingToken, LockInfo};
 use crate::guard::{context, LockGuard};
@@ -96,6 +97,11 @@ pub trait LockExt {
         options: &LockOptions,
     ) -> impl Future<Output = Result<LockGuard>> + Send;
 
+    /// The leader election `name` ([`Election`]): campaign, proclaim, who leads, observe.
+    /// `InvalidArgument` for a bad name; `Unsupported` on a backend without elections
+    /// ([`Capabilities::election`](crate::Capabilities::election)). No request is sent.
+    fn election(&self, name: &str) -> Result<Election>;
+
     /// Who holds `name`, if anyone.
     fn holder(&self, name: &str) -> impl Future<Output = Result<Option<LockInfo>>> + Send;
 
@@ -151,6 +157,10 @@ pub trait LockExt {
 // `#[async_trait]` ones: on the in-memory backend a boxed future per call was a visible share of
 // a whole lock cycle, and nobody needs `LockExt` itself as a trait object.
 impl LockExt for Arc<dyn DistributedLock> {
+    fn election(&self, name: &str) -> Result<Election> {
+        Election::new(self.clone(), name)
+    }
+
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         try_lock_with(self, name, None, 1, None)
     }
@@ -225,6 +235,10 @@ impl LockExt for Arc<dyn DistributedLock> {
 }
 
 impl<B: DistributedLock> LockExt for Arc<B> {
+    fn election(&self, name: &str) -> Result<Election> {
+        Election::new(self.clone(), name)
+    }
+
     fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
         let this: Arc<dyn DistributedLock> = self.clone();
         async move { try_lock_with(&this, name, None, 1, None).await }

@@ -12,6 +12,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 10_000;
+/// The longest value, in bytes, a leader may proclaim.
+pub const MAX_VALUE_LEN: usize = 4096;
 
 /// A number that is strictly greater than every token issued earlier for the same lock name,
 /// across release, expiry, takeover and owner changes. Pass it to the resource you protect and
@@ -67,6 +69,17 @@ pub(crate) fn check_permits(permits: u32) -> Result<()> {
     if permits == 0 || permits > MAX_PERMITS {
         return Err(Error::invalid(format!(
             "a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"
+        )));
+    }
+    Ok(())
+}
+
+/// Rejects a leader's value longer than [`MAX_VALUE_LEN`] bytes.
+pub(crate) fn check_value(value: &str) -> Result<()> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::invalid(format!(
+            "a leader's value is at most {MAX_VALUE_LEN} bytes, not {}",
+            value.len()
         )));
     }
     Ok(())
@@ -179,6 +192,10 @@ pub struct LockInfo {
     /// where it does not). Re-entries and renewals do not move it. For display: it comes from
     /// another machine's clock, so never compare it with the local clock to judge a lease.
     pub since: Option<SystemTime>,
+    /// For an election: the value the current grant's holder proclaimed
+    /// ([`DistributedLock::proclaim`](crate::DistributedLock::proclaim)); `None` until it
+    /// proclaims one, and never a value an earlier grant of the name proclaimed.
+    pub value: Option<String>,
 }
 
 impl LockInfo {
@@ -196,7 +213,14 @@ impl LockInfo {
             remaining,
             since: None,
             permits: (1, 1),
+            value: None,
         }
+    }
+
+    /// Sets the value the holder proclaimed (an election's leader).
+    pub fn with_value(mut self, value: impl Into<String>) -> Self {
+        self.value = Some(value.into());
+        self
     }
 
     /// Sets how many permits of how many are held (a semaphore).

@@ -161,6 +161,23 @@ pub trait DistributedLock: Send + Sync + 'static {
         results
     }
 
+    /// Makes `value` the value of the election `grant` leads, if `grant` (owner, token and
+    /// [`Grant::key`]) still holds the name, checked atomically on the server with the write;
+    /// `Ok(false)` if it no longer does (its lease ended, it was released or force-released), so
+    /// a deposed leader's proclaim changes nothing. [`inspect`](Self::inspect) then reports the
+    /// value as [`LockInfo::value`] while this grant holds, and never for a later grant: a
+    /// backend stores the value with the grant's token and reports it only while that token is
+    /// the holder's. Called only where [`Capabilities::election`] says so; the default is
+    /// [`ErrorKind::Unsupported`]. The value is at most
+    /// [`MAX_VALUE_LEN`](crate::grant::MAX_VALUE_LEN) bytes (checked before the call).
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        let _ = (grant, value);
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "this backend keeps no leader's value",
+        ))
+    }
+
     /// Who holds `name`, with hold count, token and remaining lease; `None` if it is free.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
 

@@ -45,7 +45,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(true)
     .fencing(Fencing::Volatile)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// A client of a [`MemoryStore`]. `MemoryLock::new()` makes a store of its own; use
 /// [`MemoryStore::client`] for several clients of one store.
@@ -154,6 +155,20 @@ impl DistributedLock for MemoryLock {
                 "the lock is no longer held by this grant",
             )),
         }
+    }
+
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        tokio::task::coop::consume_budget().await;
+        let mut s = self.store.lock();
+        let now = Instant::now();
+        let holder = s
+            .find(&grant.name)
+            .and_then(|slot| slot.holder_of(grant))
+            .filter(|h| h.live(now));
+        Ok(holder.is_some_and(|h| {
+            h.value = Some(value.to_owned());
+            true
+        }))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

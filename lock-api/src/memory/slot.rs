@@ -46,6 +46,8 @@ pub(super) struct Holder {
     pub(super) kept: u32,
     /// The lease those guards renew with: what is left when the last of them goes.
     pub(super) kept_ttl: Duration,
+    /// What the holder proclaimed, as an election's leader: [`LockInfo::value`].
+    pub(super) value: Option<String>,
     /// When the grant was made: [`LockInfo::since`].
     pub(super) granted_at: Instant,
 }
@@ -199,6 +201,7 @@ impl Slot {
                     kept: 0,
                     kept_ttl: w.ttl,
                     granted_at: now,
+                    value: None,
                 });
             }
         }
@@ -239,6 +242,7 @@ impl Slot {
             kept: 0,
             kept_ttl: ttl,
             granted_at: now,
+            value: None,
         });
         Ok(grant(&self.name, owner, token, 1, ttl, now))
     }
@@ -257,11 +261,11 @@ impl Slot {
             left
         });
         let held = u32::try_from(self.holders.len()).unwrap_or(u32::MAX);
-        Some(
-            LockInfo::new(h.owner.clone(), h.count, h.token, remaining)
-                .with_since(wall_clock(h.granted_at))
-                .with_permits(held, self.permits),
-        )
+        let mut info = LockInfo::new(h.owner.clone(), h.count, h.token, remaining)
+            .with_since(wall_clock(h.granted_at))
+            .with_permits(held, self.permits);
+        info.value.clone_from(&h.value);
+        Some(info)
     }
 
     /// The holder that is `grant`'s (lease not checked).
