@@ -150,6 +150,13 @@ impl DistributedLock for Counted {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> distlock_redis::Result<Duration> {
         self.inner.renew(grant, ttl).await
     }
+    async fn proclaim(
+        &self,
+        grant: &distlock_api::Grant,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.proclaim(grant, value).await
+    }
     async fn inspect(&self, name: &LockName) -> distlock_redis::Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }

@@ -225,6 +225,13 @@ impl DistributedLock for Remote {
     ) -> distlock_api::Result<Duration> {
         self.inner.renew(grant, ttl).await
     }
+    async fn proclaim(
+        &self,
+        grant: &distlock_api::Grant,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.proclaim(grant, value).await
+    }
     async fn inspect(
         &self,
         name: &distlock_api::LockName,
@@ -354,6 +361,13 @@ impl DistributedLock for Batching {
             });
         }
         out
+    }
+    async fn proclaim(
+        &self,
+        grant: &distlock_api::Grant,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.proclaim(grant, value).await
     }
     async fn inspect(
         &self,

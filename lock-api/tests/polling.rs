@@ -89,6 +89,13 @@ impl DistributedLock for Remote {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.inner.renew(grant, ttl).await
     }
+    async fn proclaim(
+        &self,
+        grant: &distlock_api::Grant,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.proclaim(grant, value).await
+    }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }

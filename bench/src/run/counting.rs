@@ -140,6 +140,13 @@ impl DistributedLock for Counting {
         results
     }
 
+    async fn proclaim(
+        &self,
+        grant: &distlock_api::Grant,
+        value: &str,
+    ) -> distlock_api::Result<bool> {
+        self.inner.proclaim(grant, value).await
+    }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
     }

@@ -15,6 +15,7 @@ use crate::case::{Case, CaseFuture, Ctx};
 use crate::proxy::Proxy;
 
 mod basics;
+mod election;
 mod faults;
 mod fencing;
 mod guards;
@@ -31,6 +32,7 @@ mod waiting;
 mod workload;
 
 use basics::*;
+use election::*;
 use faults::*;
 use fencing::*;
 use guards::*;
@@ -93,6 +95,12 @@ fn semaphore(c: &Capabilities, _: bool) -> Gate {
 }
 fn no_semaphore(c: &Capabilities, _: bool) -> Gate {
     (!c.semaphore).then_some(()).ok_or("has semaphores")
+}
+fn election(c: &Capabilities, _: bool) -> Gate {
+    c.election.then_some(()).ok_or("no elections")
+}
+fn no_election(c: &Capabilities, _: bool) -> Gate {
+    (!c.election).then_some(()).ok_or("has elections")
 }
 fn semaphore_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
     semaphore(c, r).and(per_lock_ttl(c, r))
@@ -201,6 +209,13 @@ cases! {
     a_dead_holders_permit_returns_by_its_lease: semaphore_per_lock_ttl,
     a_permit_reenters_its_own_grant: semaphore_reentrant,
     a_mixed_workload_of_permits_never_has_more_than_max_holders: semaphore,
+    elections_are_unsupported_without_a_value_store: no_election,
+    a_leaders_value_is_what_it_proclaimed_under_its_epoch: election,
+    at_most_one_campaigner_believes_it_leads: election,
+    every_observer_sees_a_takeover_and_a_vacancy: election,
+    a_deposed_leaders_proclaim_is_refused: election,
+    a_new_leader_never_shows_an_old_leaders_value: election,
+    run_stops_the_work_when_leadership_is_lost_and_campaigns_again: election,
 }
 
 // Helpers shared by the topics.

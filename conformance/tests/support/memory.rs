@@ -54,6 +54,9 @@ impl DistributedLock for Watched {
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.0.renew(grant, ttl).await
     }
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        self.0.proclaim(grant, value).await
+    }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.0.inspect(name).await
     }

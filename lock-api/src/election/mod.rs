@@ -291,3 +291,21 @@ impl Leadership {
         self.guard.release().await
     }
 }
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Election")
+            .field("backend", &self.locks.core().backend())
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("guard", &self.guard)
+            .field("value", &self.value)
+            .finish()
+    }
+}

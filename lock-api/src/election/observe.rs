@@ -140,3 +140,58 @@ impl std::fmt::Debug for Observer {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::memory::MemoryLock;
+    use crate::name::OwnerId;
+
+    fn leader(epoch: u64, value: &str) -> Leader {
+        Leader {
+            owner: OwnerId::new("someone").unwrap(),
+            epoch: FencingToken(epoch),
+            value: Some(value.to_owned()),
+            since: None,
+        }
+    }
+
+    /// What an observer shows of a sequence of reads: a read that is not news is left out.
+    fn shown(reads: &[Option<Leader>]) -> Vec<Option<(u64, String)>> {
+        let mut o = Observer::new(Arc::new(MemoryLock::new()), LockName::new("e").unwrap());
+        reads
+            .iter()
+            .filter(|read| {
+                o.fresh(read.as_ref()).is_some_and(|now| {
+                    o.shown = Some(now);
+                    true
+                })
+            })
+            .map(|read| read.as_ref().map(|l| (l.epoch.0, l.value.clone().unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn an_observer_shows_changes_once_and_never_goes_back_in_epoch() {
+        let reads = [
+            None,
+            Some(leader(5, "a")),
+            Some(leader(5, "a")),   // no news
+            Some(leader(5, "b")),   // a proclaim
+            Some(leader(4, "old")), // a read that lags: older epoch
+            None,                   // a vacancy
+            Some(leader(5, "b")),   // a lagging read of the leader that ended
+            Some(leader(7, "c")),   // a takeover
+        ];
+        let want = vec![
+            None,
+            Some((5, "a".to_owned())),
+            Some((5, "b".to_owned())),
+            None,
+            Some((7, "c".to_owned())),
+        ];
+        assert_eq!(shown(&reads), want);
+    }
+}

@@ -161,14 +161,16 @@ impl DistributedLock for MemoryLock {
         tokio::task::coop::consume_budget().await;
         let mut s = self.store.lock();
         let now = Instant::now();
-        let holder = s
-            .find(&grant.name)
-            .and_then(|slot| slot.holder_of(grant))
-            .filter(|h| h.live(now));
-        Ok(holder.is_some_and(|h| {
-            h.value = Some(value.to_owned());
-            true
-        }))
+        let Some(slot) = s.find(&grant.name) else {
+            return Ok(false);
+        };
+        match slot.holder_of(grant).filter(|h| h.live(now)) {
+            Some(h) => {
+                h.value = Some(value.to_owned());
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
