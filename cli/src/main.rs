@@ -6,26 +6,26 @@
 //! distlock --url redis://127.0.0.1:6379 holder nightly-report --json
 //! distlock --url redis://127.0.0.1:6379 list nightly-
 //! distlock --url redis://127.0.0.1:6379 release --force nightly-report
+//! distlock --url redis://127.0.0.1:6379 elect --name scheduler --value "$(hostname)" -- ./scheduler
+//! distlock --url redis://127.0.0.1:6379 leader scheduler --watch
 //! ```
 //!
-//! Exit codes of `run` (the table is in [`code`]): the command's own status when it ran (128+N
+//! Exit codes of `run` and `elect` (the table is in [`code`]): the command's own status when it ran (128+N
 //! when signal N killed it), 124 when the lock was not acquired within `--wait`, 123 when the
 //! lock was lost while the command ran (the command got SIGTERM, then SIGKILL after `--grace`),
 //! 69 when the server was unavailable, 64 for bad arguments, 125 for any other failure of
 //! `distlock` itself, 126/127 when the command could not be run / was not found.
 
+mod run;
+
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitCode, ExitStatus};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use distlock::config::parse_duration;
-use distlock::{DistributedLock, Error, ErrorKind, LockExt, LockInfo, LockOptions};
-use std::task::Poll;
-
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use distlock::{DistributedLock, Error, ErrorKind, Leader, LockExt, LockInfo};
 
 /// The exit codes, following `timeout(1)` and `sysexits.h` where they have one.
 pub mod code {
@@ -44,7 +44,7 @@ pub mod code {
     pub const CANNOT_RUN: u8 = 126;
     /// The command was not found.
     pub const NOT_FOUND: u8 = 127;
-    /// `holder`: nobody holds the lock. `release --force`: nothing was released (the lock
+    /// `holder`, `leader`: nobody holds the lock, nobody leads. `release --force`: nothing was released (the lock
     /// was free, or is held under another token than the one given).
     pub const FREE: u8 = 1;
 }
@@ -72,6 +72,25 @@ enum Command {
     /// Runs a command while holding the lock; the lock is renewed while it runs and released
     /// when it exits. The command gets DISTLOCK_NAME and DISTLOCK_TOKEN (the fencing token).
     Run(RunArgs),
+    /// Runs a command while leading the election NAME with VALUE: campaigns (waiting as
+    /// `run` waits for a lock), proclaims VALUE, runs the command with DISTLOCK_NAME and
+    /// DISTLOCK_TOKEN (the epoch), stops it if leadership is lost and resigns when it exits.
+    Elect {
+        /// What the leader proclaims (an address, say): what `leader` shows.
+        #[arg(long)]
+        value: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Shows who leads the election NAME: owner, epoch, value. Exits 1 when nobody leads.
+    Leader {
+        /// The election's name.
+        name: String,
+        /// Keep watching: one line per change (a takeover, a new value, a vacancy) until
+        /// interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Shows who holds a lock: owner, hold count, fencing token, lease left. Exits 1 when
     /// nobody holds it.
     Holder {
@@ -192,8 +211,8 @@ async fn main_async(cli: Cli) -> Exit {
     };
     // Arguments are checked before any I/O.
     let name = match &cli.command {
-        Command::Run(args) => Some(&args.name),
-        Command::Holder { name } => Some(name),
+        Command::Run(args) | Command::Elect { run: args, .. } => Some(&args.name),
+        Command::Holder { name } | Command::Leader { name, .. } => Some(name),
         Command::Release { force: false, .. } => {
             eprintln!(
                 "distlock: release takes --force: a lock is released by its holder (`distlock \
@@ -207,12 +226,28 @@ async fn main_async(cli: Cli) -> Exit {
     if let Some(Err(e)) = name.map(distlock::LockName::new) {
         return fail(&e, cli.json);
     }
+    if let Command::Elect { value, run } = &cli.command {
+        if run.permits != 1 {
+            eprintln!("distlock: elect takes no --permits: an election has one leader");
+            return Exit(code::USAGE);
+        }
+        if value.len() > distlock::MAX_VALUE_LEN {
+            let e = Error::invalid(format!(
+                "the value is {} bytes; a leader's value is at most {}",
+                value.len(),
+                distlock::MAX_VALUE_LEN
+            ));
+            return fail(&e, cli.json);
+        }
+    }
     let locks = match distlock::connect(url).await {
         Ok(l) => l,
         Err(e) => return fail(&e, cli.json),
     };
     match cli.command {
-        Command::Run(args) => run(&locks, args, cli.json).await,
+        Command::Run(args) => run::run(&locks, args, None, cli.json).await,
+        Command::Elect { value, run } => run::run(&locks, run, Some(&value), cli.json).await,
+        Command::Leader { name, watch } => leader(&locks, &name, watch, cli.json).await,
         Command::Holder { name } => holder(&locks, &name, cli.json).await,
         Command::List { prefix } => list(&locks, prefix.as_deref().unwrap_or(""), cli.json).await,
         Command::Release { name, token, .. } => force_release(&locks, &name, token, cli.json).await,
@@ -302,6 +337,63 @@ async fn force_release(
     }
 }
 
+async fn leader(locks: &Arc<dyn DistributedLock>, name: &str, watch: bool, json: bool) -> Exit {
+    let election = match locks.election(name) {
+        Ok(e) => e,
+        Err(e) => return fail(&e, json),
+    };
+    if !watch {
+        return match election.leader().await {
+            Ok(now) => {
+                println!("{}", leader_line(name, now.as_ref(), json));
+                Exit(if now.is_some() { 0 } else { code::FREE })
+            }
+            Err(e) => fail(&e, json),
+        };
+    }
+    let mut observer = election.observe();
+    loop {
+        tokio::select! {
+            next = observer.next() => match next {
+                Ok(now) => println!("{}", leader_line(name, now.as_ref(), json)),
+                // The observer subscribes and reads again at its next call.
+                Err(e) => report(
+                    json,
+                    serde_json::json!({"event": "error", "kind": e.kind().to_string(), "message": e.to_string()}),
+                    &format!("distlock: {e}; watching again"),
+                ),
+            },
+            _ = tokio::signal::ctrl_c() => return Exit(0),
+        }
+    }
+}
+
+fn leader_line(name: &str, leader: Option<&Leader>, json: bool) -> String {
+    match (leader, json) {
+        (None, false) => format!("{name}: nobody leads"),
+        (None, true) => serde_json::json!({"name": name, "led": false}).to_string(),
+        (Some(l), false) => format!(
+            "{name}: led by {}, epoch {}, value {}{}",
+            l.owner,
+            l.epoch,
+            l.value
+                .as_deref()
+                .map_or("(none yet)".to_string(), |v| format!("{v:?}")),
+            l.since
+                .map_or(String::new(), |t| format!(", since {}", rfc3339(t)))
+        ),
+        (Some(l), true) => serde_json::json!({
+            "name": name,
+            "led": true,
+            "owner": l.owner.to_string(),
+            "epoch": l.epoch.0,
+            "value": l.value,
+            "since": l.since.map(rfc3339),
+        })
+        .to_string(),
+    }
+}
+
 fn holder_text(name: &str, i: &LockInfo) -> String {
     let lease = match i.remaining {
         Some(d) => format!("{:.1}s left", d.as_secs_f64()),
@@ -366,152 +458,6 @@ fn rfc3339(t: SystemTime) -> String {
         s % 60,
         ms_of_day % 1000
     )
-}
-
-/// The signals `distlock run` passes on to the command, with their numbers on Linux.
-const FORWARDED: [(&str, i32); 6] = [
-    ("HUP", 1),
-    ("INT", 2),
-    ("QUIT", 3),
-    ("USR1", 10),
-    ("USR2", 12),
-    ("TERM", 15),
-];
-
-async fn run(locks: &Arc<dyn DistributedLock>, args: RunArgs, json: bool) -> Exit {
-    // Listen before acquiring, so that a signal while waiting ends the wait instead of
-    // killing distlock with the lock half taken.
-    let mut signals = Vec::new();
-    for (label, number) in FORWARDED {
-        match signal(SignalKind::from_raw(number)) {
-            Ok(s) => signals.push((label, number, s)),
-            Err(e) => {
-                eprintln!("distlock: cannot listen for SIG{label}: {e}");
-                return Exit(code::FAILED);
-            }
-        }
-    }
-    let mut options = LockOptions::new();
-    if let Some(ttl) = args.ttl {
-        options = options.watchdog_ttl(ttl);
-    }
-    let acquired = if args.no_wait {
-        locks
-            .try_permit(&args.name, args.permits, &options)
-            .await
-            .map(|g| g.ok_or(()))
-    } else {
-        let options = options.wait(args.wait.unwrap_or(distlock::MAX_WAIT));
-        tokio::select! {
-            got = locks.permit(&args.name, args.permits, &options) => got.map(Ok),
-            (label, number) = next_signal(&mut signals) => {
-                eprintln!("distlock: SIG{label} while waiting for {}; not running the command", args.name);
-                return Exit(128 + number as u8);
-            }
-        }
-    };
-    let guard = match acquired {
-        Ok(Ok(g)) => g,
-        Ok(Err(())) => {
-            report(
-                json,
-                serde_json::json!({"event": "not-acquired", "name": args.name}),
-                &format!("distlock: {} is held by someone else", args.name),
-            );
-            return Exit(code::NOT_ACQUIRED);
-        }
-        Err(e) => return fail(&e, json),
-    };
-    let token = guard.token();
-    let (program, rest) = args.command.split_first().expect("clap requires a command");
-    let mut child = match tokio::process::Command::new(program)
-        .args(rest)
-        .env("DISTLOCK_NAME", &args.name)
-        .env("DISTLOCK_TOKEN", token.to_string())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            let status = if e.kind() == std::io::ErrorKind::NotFound {
-                code::NOT_FOUND
-            } else {
-                code::CANNOT_RUN
-            };
-            eprintln!("distlock: cannot run {}: {e}", program.to_string_lossy());
-            let _ = guard.release().await;
-            return Exit(status);
-        }
-    };
-    let pid = child.id().unwrap_or(0);
-    let lost = guard.lost();
-    tokio::pin!(lost);
-    let status = loop {
-        tokio::select! {
-            biased;
-            status = child.wait() => break status,
-            (label, _) = next_signal(&mut signals) => send(pid, label).await,
-            reason = &mut lost => {
-                report(
-                    json,
-                    serde_json::json!({"event": "lost", "name": args.name, "token": token.0, "reason": reason.to_string()}),
-                    &format!("distlock: lost {} ({reason}); stopping the command", args.name),
-                );
-                send(pid, "TERM").await;
-                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                    send(pid, "KILL").await;
-                    let _ = child.wait().await;
-                }
-                return Exit(code::LOST);
-            }
-        }
-    };
-    // The command ended while the lock was held: give it back and pass the command's status on.
-    if let Err(e) = guard.release().await {
-        eprintln!(
-            "distlock: releasing {}: {e} (its lease runs out by itself)",
-            args.name
-        );
-    }
-    match status {
-        Ok(s) => Exit(exit_code(s)),
-        Err(e) => {
-            eprintln!("distlock: waiting for the command: {e}");
-            Exit(code::FAILED)
-        }
-    }
-}
-
-/// The next forwarded signal's name and number.
-async fn next_signal(signals: &mut [(&'static str, i32, Signal)]) -> (&'static str, i32) {
-    std::future::poll_fn(|cx| {
-        for (label, number, s) in signals.iter_mut() {
-            if s.poll_recv(cx).is_ready() {
-                return Poll::Ready((*label, *number));
-            }
-        }
-        Poll::Pending
-    })
-    .await
-}
-
-/// Sends SIG`label` to `pid` with kill(1) (the workspace forbids `unsafe`, so no libc::kill).
-async fn send(pid: u32, label: &str) {
-    if pid == 0 {
-        return;
-    }
-    let _ = tokio::process::Command::new("kill")
-        .args(["-s", label, &pid.to_string()])
-        .status()
-        .await;
-}
-
-/// The command's status as an exit code: its own code, or 128+N if signal N ended it.
-fn exit_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => c as u8,
-        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
-        (None, None) => code::FAILED,
-    }
 }
 
 #[cfg(test)]
