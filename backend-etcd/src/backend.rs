@@ -52,7 +52,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(true)
     .fencing(Fencing::Durable)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// HTTP/2 pings on the connection, so a silently dead peer is noticed and the channel moves
 /// to another endpoint. etcd's default `--grpc-keepalive-min-time` is 5 s; pinging more often
@@ -283,6 +284,13 @@ impl DistributedLock for EtcdLock {
             .zip(grants)
             .map(|(r, g)| r.map_err(|e| context(e, &g.name)))
             .collect()
+    }
+
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        self.shared
+            .proclaim(grant, value)
+            .await
+            .map_err(|e| context(e, &grant.name))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -209,6 +209,12 @@ impl EtcdConfig {
         keys::lock_dir(&self.key_prefix, name.as_str())
     }
 
+    /// The key of election `name`'s leader value, `<epoch>:<value>`: the lock's directory
+    /// path without its trailing `/`, so outside every lock's directory.
+    pub fn value_key(&self, name: &LockName) -> String {
+        keys::value_key(&self.key_prefix, name.as_str())
+    }
+
     /// The lease TTL to ask the server for, in its unit (whole seconds, rounded up).
     pub(crate) fn lease_ttl_secs(&self) -> i64 {
         let ttl = self.client.default_ttl;

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use distlock_api::backend::Surplus;
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, Result};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, Txn, TxnOp};
 
-use crate::holds::{entries, lock, range_result, Shared};
+use crate::holds::{entries, lock, range_count, range_result, Shared};
 use crate::keys;
 
 impl Shared {
@@ -20,25 +20,23 @@ impl Shared {
 
     /// The holder's key and what it says: the entry with the lowest create revision in the
     /// lock's directory; for a semaphore, its oldest permit, with how many of its entries hold
-    /// one (the oldest `max`: every entry, up to `max`). etcd keeps no time with a key, so
-    /// `since` stays unknown.
+    /// one (the oldest `max`: every entry, up to `max`); and the leader value proclaimed under
+    /// the holder's token, read in the same transaction (one revision). etcd keeps no time
+    /// with a key, so `since` stays unknown.
     async fn holder(&self, name: &LockName) -> Result<Option<(String, LockInfo)>> {
         let dir = keys::lock_dir(&self.config.key_prefix, name.as_str());
-        let range = dir.clone();
-        let mut resp = self
-            .call("inspecting", |c| {
-                let range = range.clone();
-                async move {
-                    let options = entries(SortOrder::Ascend).with_limit(1);
-                    c.kv_client().get(range, Some(options)).await
-                }
-            })
-            .await?;
+        let value_key = keys::value_key(&self.config.key_prefix, name.as_str());
+        let read = Txn::new().and_then([
+            TxnOp::get(dir.as_str(), Some(entries(SortOrder::Ascend).with_limit(1))),
+            TxnOp::get(value_key.as_str(), None),
+        ]);
+        let resp = self.txn("inspecting", read).await?;
         // The count is of the whole directory, whatever the limit.
-        let entries = resp.count();
-        let Some(holder) = resp.take_kvs().into_iter().next() else {
+        let entries = range_count(&resp, 0)?;
+        let Some(holder) = range_result(&resp, 0)?.into_iter().next() else {
             return Ok(None);
         };
+        let stored = range_result(&resp, 1)?.into_iter().next();
         let unexpected = || {
             Error::new(
                 ErrorKind::Backend,
@@ -56,6 +54,14 @@ impl Shared {
         let key = String::from_utf8_lossy(holder.key()).into_owned();
         let token = FencingToken(holder.create_revision().unsigned_abs());
         let mut info = LockInfo::new(entry.owner, hold_count, token, None);
+        // A value proclaimed under an earlier grant of the name is not this holder's.
+        let proclaimed = stored
+            .as_ref()
+            .and_then(|kv| keys::decode_value(kv.value()));
+        if let Some((_, value)) = proclaimed.filter(|&(epoch, _)| epoch == holder.create_revision())
+        {
+            info = info.with_value(value);
+        }
         if entry.max > 1 {
             let held = u32::try_from(entries).unwrap_or(u32::MAX).min(entry.max);
             info = info.with_permits(held, entry.max);
@@ -95,6 +101,40 @@ impl Shared {
             }
         }
         Ok(held)
+    }
+
+    /// Writes `value` as the leader value of `grant`'s name, stamped with its token, in one
+    /// transaction that writes only while `grant`'s key exists with its token as create
+    /// revision: the key of a live lease (etcd deletes a lease's keys as it ends it), and the
+    /// oldest entry of the name since it was granted. The value key is put on the same lease,
+    /// so it goes when the leader's client does. `false` if the grant no longer holds (or is
+    /// not one this client made for its owner).
+    pub(crate) async fn proclaim(self: &Arc<Self>, grant: &Grant, value: &str) -> Result<bool> {
+        let Some(slot) = self.slot_of(grant) else {
+            return Ok(false);
+        };
+        if !slot.holds().held_by(grant.token) {
+            return Ok(false);
+        }
+        drop(slot);
+        let (Ok(token), Some(lease_id)) =
+            (i64::try_from(grant.token.0), keys::lease_of(&grant.key))
+        else {
+            return Ok(false);
+        };
+        let value_key = keys::value_key(&self.config.key_prefix, grant.name.as_str());
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                grant.key.as_str(),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::put(
+                value_key,
+                keys::encode_value(token, value),
+                Some(PutOptions::new().with_lease(lease_id)),
+            )]);
+        Ok(self.txn("proclaiming", txn).await?.succeeded())
     }
 
     /// Deletes the key of the grant of `token` (the entry of that create revision, while it

@@ -8,6 +8,11 @@
 //! the owner id: the lease alone would let two owners on one client collide on one key, and
 //! the owner alone would let two clients with the same owner id collide.
 //!
+//! An election's leader value lives beside the directory, at `<prefix>/<encoded name>` (the
+//! directory's path without its `/`): outside every directory, so no queue read, watch or
+//! count meets it, and one slot per name that each proclaim overwrites. It holds
+//! `<epoch>:<value>`, the epoch being the proclaiming grant's token.
+//!
 //! A permit's entry carries the semaphore's size in its key, after a `~`, which sorts after
 //! every hex digit a lock's entry starts with. A name's lock entries, its permit entries of one
 //! size and those of every other size are then separate ranges of its directory, and one
@@ -30,6 +35,23 @@ pub(crate) fn decode_name(segment: &str) -> Option<String> {
 /// The directory holding `name`'s holder and waiters, ending in `/`.
 pub(crate) fn lock_dir(prefix: &str, name: &str) -> String {
     format!("{prefix}/{}/", encode_name(name))
+}
+
+/// The key of the leader value of election `name`: the directory's path without its `/`.
+pub(crate) fn value_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}/{}", encode_name(name))
+}
+
+/// What the value key holds: the epoch (the grant's token) and the value.
+pub(crate) fn encode_value(epoch: i64, value: &str) -> String {
+    format!("{epoch}:{value}")
+}
+
+/// The epoch and value of what the value key holds; `None` if it is not what
+/// [`encode_value`] writes.
+pub(crate) fn decode_value(stored: &[u8]) -> Option<(i64, &str)> {
+    let (epoch, value) = std::str::from_utf8(stored).ok()?.split_once(':')?;
+    Some((epoch.parse().ok()?, value))
 }
 
 /// The key of `owner`'s entry for the lock whose directory is `dir`, under lease `lease`.
@@ -193,6 +215,25 @@ mod tests {
             let k = format!("{dir}{bad}694d8a3b1c2ef001-worker-1");
             assert_eq!(parse_entry(&dir, k.as_bytes()), None, "{k}");
         }
+    }
+
+    #[test]
+    fn value_keys_are_outside_every_directory() {
+        let names = ["a", "a/", "a/b", "ab", "%", "/"];
+        for x in names {
+            let value = value_key("/p", x);
+            assert_eq!(format!("{value}/"), lock_dir("/p", x));
+            for y in names {
+                let dir = lock_dir("/p", y);
+                assert!(!value.starts_with(&dir), "{x:?} value {value:?} in {dir:?}");
+            }
+        }
+        for v in ["", "x", "a:b:c", "ключ\n🔒"] {
+            let stored = encode_value(42, v);
+            assert_eq!(decode_value(stored.as_bytes()), Some((42, v)));
+        }
+        assert_eq!(decode_value(b"7"), None);
+        assert_eq!(decode_value(b"x:7"), None);
     }
 
     #[test]
