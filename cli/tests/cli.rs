@@ -66,18 +66,26 @@ fn wait_for(path: &Path, text: &str) {
 /// A `distlock run` holding `name` whose command writes `ready` (and its token) to `dir/ready`,
 /// then sleeps; on SIGTERM it writes `term` to `dir/term` and exits 0.
 fn holding(name: &str, dir: &Path, extra: &[&str]) -> Child {
+    let mut args = vec!["run", "--name", name];
+    args.extend_from_slice(extra);
+    ready(args, dir)
+}
+
+/// `distlock` with `args` and the command [`holding`] describes, once its command is ready.
+fn ready(args: Vec<&str>, dir: &Path) -> Child {
     let script = format!(
         "trap 'echo term > {d}/term; exit 0' TERM; echo \"ready $DISTLOCK_TOKEN $DISTLOCK_NAME\" > {d}/ready; \
          while true; do sleep 0.05; done",
         d = dir.display()
     );
-    let mut args = vec!["run", "--name", name];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", "sh", "-c", &script]);
-    let child = distlock(&args)
+    let all: Vec<&str> = args
+        .into_iter()
+        .chain(["--", "sh", "-c", script.as_str()])
+        .collect();
+    let child = distlock(&all)
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn distlock run");
+        .expect("spawn distlock");
     wait_for(&dir.join("ready"), "ready");
     child
 }
@@ -434,4 +442,92 @@ fn wait_exit(mut child: Child) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn elect_runs_the_command_while_leading_and_leader_shows_its_value() {
+    if skipped() {
+        return;
+    }
+    let (name, dir) = scratch("elect");
+    let leading = ready(
+        vec!["elect", "--name", &name, "--value", "10.0.0.7:80"],
+        &dir,
+    );
+    let said = std::fs::read_to_string(dir.join("ready")).unwrap();
+    let epoch: u64 = said.split_whitespace().nth(1).unwrap().parse().unwrap();
+
+    let out = output(&["--json", "leader", &name]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("leader --json is JSON");
+    assert_eq!(
+        (&v["led"], &v["epoch"], &v["value"]),
+        (&true.into(), &epoch.into(), &"10.0.0.7:80".into()),
+        "{v}"
+    );
+    let owner = v["owner"].as_str().unwrap();
+    assert!(owner.contains(&format!(":{}:", leading.id())), "{owner}");
+    let out = output(&["leader", &name]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("epoch {epoch}, value \"10.0.0.7:80\"")),
+        "{text}"
+    );
+
+    // Someone leads: a second campaigner that does not wait gives up with 124 and runs nothing.
+    let out = output(&[
+        "elect",
+        "--no-wait",
+        "--name",
+        &name,
+        "--value",
+        "b",
+        "--",
+        "false",
+    ]);
+    assert_eq!(code(&out), 124);
+    // Bad input before any I/O.
+    let out = output(&[
+        "elect",
+        "--name",
+        &name,
+        "--value",
+        "b",
+        "--permits",
+        "2",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), 64);
+    let long = "v".repeat(distlock::MAX_VALUE_LEN + 1);
+    let out = output(&["elect", "--name", &name, "--value", &long, "--", "true"]);
+    assert_eq!(code(&out), 64);
+
+    // A watcher sees the leader, then the vacancy when it stops, then the next leader.
+    let mut watch = distlock(&["--json", "leader", &name, "--watch"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn distlock leader --watch");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let mut next = || -> serde_json::Value {
+        serde_json::from_str(&lines.next().expect("a line").expect("read")).expect("JSON")
+    };
+    assert_eq!(next()["epoch"], epoch);
+    stop(leading);
+    assert_eq!(next()["led"], false, "a vacancy after the leader stopped");
+    let (_, dir2) = scratch("elect-next");
+    let next_leader = ready(vec!["elect", "--name", &name, "--value", "next"], &dir2);
+    let v = next();
+    assert_eq!(
+        (&v["led"], &v["value"]),
+        (&true.into(), &"next".into()),
+        "{v}"
+    );
+    assert!(v["epoch"].as_u64().unwrap() > epoch, "{v}");
+    stop(next_leader);
+    stop(watch);
+    let out = output(&["leader", &name]);
+    assert_eq!(code(&out), 1, "nobody leads after the command exited");
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(dir2);
 }
