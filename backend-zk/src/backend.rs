@@ -40,7 +40,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(true)
     .fencing(Fencing::Durable)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// How many locks the watchdog confirms with one multi-read.
 const RENEW_BATCH: usize = 64;
@@ -176,8 +177,8 @@ impl DistributedLock for ZkLock {
     async fn release(&self, grant: &Grant) -> Result<bool> {
         let s = self.inner.session();
         let key = (grant.name.clone(), grant.owner.clone());
-        enum Step {
-            Decrement(u32),
+        enum Step<F> {
+            Decrement(F),
             Delete,
         }
         let step = {
@@ -190,7 +191,9 @@ impl DistributedLock for ZkLock {
                     }
                     if h.count > 1 {
                         h.count -= 1;
-                        Step::Decrement(h.count)
+                        // Sent now, under the lock, so that the node's writes (counts, a
+                        // proclaimed value) reach the server in the order they were made here.
+                        Step::Decrement(s.client.set_data(&h.path, &h.data(&grant.owner), None))
                     } else {
                         holds.remove(&key);
                         Step::Delete
@@ -200,22 +203,16 @@ impl DistributedLock for ZkLock {
             }
         };
         match step {
-            Step::Decrement(count) => {
-                let request =
-                    s.client
-                        .set_data(&grant.key, &NodeData::bytes(&grant.owner, count), None);
-                match s.call(request).await {
-                    Ok(stat) => Ok(stat.czxid as u64 == grant.token.0),
-                    Err(Some(zk::Error::NoNode)) => {
-                        self.inner.forget_hold(&key, &grant.key);
-                        Ok(false)
-                    }
-                    Err(e) => {
-                        Err(request_error(e, "cannot record the release", &s)
-                            .with_lock(&grant.name))
-                    }
+            Step::Decrement(request) => match s.call(request).await {
+                Ok(stat) => Ok(stat.czxid as u64 == grant.token.0),
+                Err(Some(zk::Error::NoNode)) => {
+                    self.inner.forget_hold(&key, &grant.key);
+                    Ok(false)
                 }
-            }
+                Err(e) => {
+                    Err(request_error(e, "cannot record the release", &s).with_lock(&grant.name))
+                }
+            },
             // The hold record is gone already, so nothing else would ever delete the node: a
             // delete that fails goes on in the background (and the caller hears of the failure).
             Step::Delete => {
@@ -322,6 +319,13 @@ impl DistributedLock for ZkLock {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
             .collect()
+    }
+
+    /// Writes the value into the grant's own queue node (`Inner::proclaim`): the node
+    /// exists only while the grant holds, and is the grant's alone, so a value is never seen
+    /// under another grant's token.
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        self.inner.proclaim(grant, value).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -444,9 +448,14 @@ impl ZkLock {
                 .with_backend("zk")
                 .with_lock(name)
             })?;
-            let info = LockInfo::new(owner, parsed.holds, FencingToken(stat.czxid as u64), None)
-                .with_since_unix_ms(stat.ctime)
-                .with_permits(held, max);
+            let mut info =
+                LockInfo::new(owner, parsed.holds, FencingToken(stat.czxid as u64), None)
+                    .with_since_unix_ms(stat.ctime)
+                    .with_permits(held, max);
+            // Read from the holder's own node, whose czxid is the token: always this grant's.
+            if let Some(value) = parsed.value {
+                info = info.with_value(value);
+            }
             return Ok(Some((holders, info)));
         }
         Err(Error::new(
@@ -482,7 +491,24 @@ mod tests {
     #[test]
     fn node_data_round_trips() {
         let owner = OwnerId::new("worker-1").unwrap();
-        let parsed: NodeData = serde_json::from_slice(&NodeData::bytes(&owner, 3)).unwrap();
+        let parsed: NodeData = serde_json::from_slice(&NodeData::bytes(&owner, 3, None)).unwrap();
         assert_eq!((parsed.owner.as_str(), parsed.holds), ("worker-1", 3));
+        assert_eq!(parsed.value, None);
+        // A node without a value is written as before elections, byte for byte.
+        assert_eq!(
+            NodeData::bytes(&owner, 3, None),
+            br#"{"owner":"worker-1","holds":3}"#
+        );
+        let with = NodeData::bytes(&owner, 1, Some("10.0.0.7:9090 \"x\""));
+        let parsed: NodeData = serde_json::from_slice(&with).unwrap();
+        assert_eq!(parsed.value.as_deref(), Some("10.0.0.7:9090 \"x\""));
+        // What a reader without the value field (an older distlock) makes of it.
+        #[derive(serde::Deserialize)]
+        struct Older {
+            owner: String,
+            holds: u32,
+        }
+        let older: Older = serde_json::from_slice(&with).unwrap();
+        assert_eq!((older.owner.as_str(), older.holds), ("worker-1", 1));
     }
 }

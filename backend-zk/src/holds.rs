@@ -43,6 +43,16 @@ pub(crate) struct Hold {
     pub(crate) czxid: i64,
     pub(crate) count: u32,
     pub(crate) epoch: u64,
+    /// The value this grant proclaimed (an election's leader), written again with every count
+    /// so that a reentrant hold does not erase it.
+    pub(crate) value: Option<String>,
+}
+
+impl Hold {
+    /// What its node says: `owner`, the hold count, and the value proclaimed, if any.
+    pub(crate) fn data(&self, owner: &OwnerId) -> Vec<u8> {
+        NodeData::bytes(owner, self.count, self.value.as_deref())
+    }
 }
 
 /// How many released nodes [`Released`] remembers.
@@ -60,18 +70,23 @@ const REMEMBER_RELEASED: usize = 256;
 pub(crate) type Released = distlock_api::backend::Recent<String, Instant, REMEMBER_RELEASED>;
 
 /// What a queue node holds: who it belongs to and how many holds it stands for, so that any
-/// client can `inspect` it.
+/// client can `inspect` it; and, once its holder proclaimed one as an election's leader, the
+/// value. A node without a value is written exactly as before elections (the field is left
+/// out), and a reader that does not know the field (an older distlock) ignores it.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct NodeData {
     pub(crate) owner: String,
     pub(crate) holds: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) value: Option<String>,
 }
 
 impl NodeData {
-    pub(crate) fn bytes(owner: &OwnerId, holds: u32) -> Vec<u8> {
+    pub(crate) fn bytes(owner: &OwnerId, holds: u32, value: Option<&str>) -> Vec<u8> {
         serde_json::to_vec(&NodeData {
             owner: owner.to_string(),
             holds,
+            value: value.map(str::to_owned),
         })
         .unwrap_or_default()
     }
@@ -119,6 +134,7 @@ impl Inner {
                 czxid,
                 count: 1,
                 epoch: s.epoch,
+                value: None,
             },
         );
         Ok(())
@@ -153,9 +169,7 @@ impl Inner {
             let sent = Instant::now();
             // Sent now, under the lock, so concurrent count updates reach the server in the
             // order they were made here.
-            let request = s
-                .client
-                .set_data(&h.path, &NodeData::bytes(&req.owner, h.count), None);
+            let request = s.client.set_data(&h.path, &h.data(&req.owner), None);
             (request, h.path.clone(), h.czxid, h.count, sent)
         };
         let mut undo = UndoHold {
@@ -188,6 +202,49 @@ impl Inner {
                 Ok(None)
             }
             Err(e) => Err(request_error(e, "cannot record the reentrant hold", s)),
+        }
+    }
+
+    /// Writes `value` into `grant`'s queue node (an election's leader proclaiming), keeping the
+    /// owner and hold count: one `setData` on the grant's own path, which the server applies
+    /// only while that node exists, that is while the grant holds in a live session (the node
+    /// is deleted by its release, a force-release, and the session's end). `Ok(false)` if the
+    /// grant no longer holds: released here, its session ended, or its node gone.
+    pub(crate) async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        let s = self.session();
+        let key = (grant.name.clone(), grant.owner.clone());
+        let request = {
+            let mut holds = lock(&self.holds);
+            let Some(h) = holds.get_mut(&key) else {
+                return Ok(false);
+            };
+            if h.path != grant.key || h.czxid as u64 != grant.token.0 {
+                return Ok(false);
+            }
+            if h.epoch != s.epoch || s.is_lost() {
+                // Its session is over: so is the node (the monitor fires lost() on its guards).
+                return Ok(false);
+            }
+            h.value = Some(value.to_owned());
+            // Sent now, under the lock, so the node's writes (hold counts, values) reach the
+            // server in the order they were made here. No version check: nobody else writes
+            // to a lock's node, and the path is never reused, so existing is holding.
+            s.client.set_data(&h.path, &h.data(&grant.owner), None)
+        };
+        match s.call(request).await {
+            Ok(stat) => Ok(stat.czxid as u64 == grant.token.0 && stat.ephemeral_owner == s.id),
+            Err(Some(zk::Error::NoNode)) => {
+                // Deleted behind our back (a force-release): the renewal will say lost.
+                self.forget_hold(&key, &grant.key);
+                Ok(false)
+            }
+            Err(Some(zk::Error::SessionExpired)) => {
+                let _ = self.session_over(grant, &s);
+                Ok(false)
+            }
+            Err(e) => {
+                Err(request_error(e, "cannot write the leader's value", &s).with_lock(&grant.name))
+            }
         }
     }
 
@@ -307,11 +364,11 @@ impl Drop for UndoHold<'_> {
             if h.path == self.path && h.count > 1 {
                 h.count -= 1;
                 // Sent at once; nobody waits for the answer.
-                drop(self.session.client.set_data(
-                    &h.path,
-                    &NodeData::bytes(&self.key.1, h.count),
-                    None,
-                ));
+                drop(
+                    self.session
+                        .client
+                        .set_data(&h.path, &h.data(&self.key.1), None),
+                );
             }
         }
     }

@@ -102,7 +102,7 @@ pub(crate) fn other_permits(req: &AcquireRequest, held: u32) -> Error {
 /// A node written to has been granted (waiters' nodes are written to by no one), so a waiter
 /// that finds its predecessor's version above 0 looks at the queue again at once.
 pub(crate) fn mark_granted(s: &Arc<Session>, path: &str, owner: &OwnerId) {
-    let data = NodeData::bytes(owner, 1);
+    let data = NodeData::bytes(owner, 1, None);
     let first = s.client.set_data(path, &data, Some(0));
     let (session, path) = (Arc::downgrade(s), path.to_string());
     let limit = s.op_timeout;

@@ -35,7 +35,7 @@ impl Inner {
         }
         let dir = self.dir(&req.name);
         let prefix = path::new_queue_prefix(req.permits);
-        let data = NodeData::bytes(&req.owner, 1);
+        let data = NodeData::bytes(&req.owner, 1, None);
         let mut pending = QueueNodes::armed(s.clone(), dir.clone(), prefix.clone());
         let started = pending.started;
         let (mut mine, mut czxid, mut vouched) =
