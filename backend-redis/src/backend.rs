@@ -29,7 +29,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(false)
     .fencing(Fencing::Volatile)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// A client of one Redis server: one multiplexed command connection (reconnected on demand),
 /// one pub/sub connection shared by all its waiters (opened on first wait), one watchdog.
@@ -255,11 +256,29 @@ impl DistributedLock for RedisLock {
         }
     }
 
+    /// One script: the value goes into the lock hash (`#value`, as `<token>:<value>`) if the
+    /// grant (owner and token) still holds the lock, and the name's channel is told.
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        if grant.permits > 1 {
+            return Err(
+                distlock_api::Error::invalid("a semaphore's permit has no value")
+                    .with_lock(&grant.name),
+            );
+        }
+        let (name, owner, token) = (&grant.name, &grant.owner, grant.token.0);
+        let server = &self.shared.server;
+        server.proclaim(name, owner, (token, token), value).await
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         Ok(self.shared.server.inspect_any(name).await?.map(|h| {
-            LockInfo::new(h.owner, h.count, FencingToken(h.token), h.pttl)
+            let info = LockInfo::new(h.owner, h.count, FencingToken(h.token), h.pttl)
                 .with_since_unix_ms(h.since_ms)
-                .with_permits(h.permits.0, h.permits.1)
+                .with_permits(h.permits.0, h.permits.1);
+            match h.value {
+                Some(v) => info.with_value(v),
+                None => info,
+            }
         }))
     }
 

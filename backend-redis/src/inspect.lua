@@ -1,9 +1,10 @@
 -- Read a lock's holder and lease in one atomic step; with KEYS[2] and KEYS[3], a semaphore's
 -- oldest live permit when the name is not held as a lock.
 -- KEYS[1] the lock hash; KEYS[2] the holders and KEYS[3] the permit data (single server only).
--- Returns {} when free, else {owner, hold_count, token, fence, pttl, since} for a lock (fence 0
--- if none, since 0 if unknown), {owner, hold_count, token, 0, pttl, since, held, max} for a
--- semaphore.
+-- Returns {} when free, else {owner, hold_count, token, fence, pttl, since, value} for a lock
+-- (fence 0 if none, since 0 if unknown, value nil unless an election's leader proclaimed one
+-- under this hold's token or fence), {owner, hold_count, token, 0, pttl, since, held, max} for
+-- a semaphore.
 local fields = redis.call('hgetall', KEYS[1])
 if #fields == 0 then
   if not KEYS[3] then
@@ -33,7 +34,7 @@ if #fields == 0 then
   local pttl = tonumber(redis.call('zscore', KEYS[2], owner) or now) - now
   return {owner, count, token, 0, pttl, since, held, max}
 end
-local owner, count, token, fence, since = '', 0, 0, 0, 0
+local owner, count, token, fence, since, proclaimed = '', 0, 0, 0, 0, nil
 for i = 1, #fields, 2 do
   local f, v = fields[i], fields[i + 1]
   if f == '#token' then
@@ -42,8 +43,18 @@ for i = 1, #fields, 2 do
     fence = tonumber(v)
   elseif f == '#since' then
     since = tonumber(v)
+  elseif f == '#value' then
+    proclaimed = v
   else
     owner, count = f, tonumber(v)
   end
 end
-return {owner, count, token, fence, redis.call('pttl', KEYS[1]), since}
+-- The value is stored as '<epoch>:<value>' and shown only under the epoch it was written for.
+local value = false
+if proclaimed then
+  local epoch, rest = string.match(proclaimed, '^(%d+):(.*)$')
+  if epoch and (tonumber(epoch) == token or tonumber(epoch) == fence) then
+    value = rest
+  end
+end
+return {owner, count, token, fence, redis.call('pttl', KEYS[1]), since, value}

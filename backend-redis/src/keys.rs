@@ -29,7 +29,8 @@ impl KeySpace {
         format!("{}:{{{}}}:{suffix}", self.prefix, encode(name))
     }
 
-    /// The hash holding `name`'s owner → hold count, `#token` and (RedLock) `#fence`.
+    /// The hash holding `name`'s owner → hold count, `#token`, `#since`, (RedLock) `#fence`
+    /// and an election leader's `#value`.
     pub(crate) fn lock_key(&self, name: &LockName) -> String {
         self.tagged(name.as_str(), "lock")
     }

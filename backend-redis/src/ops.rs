@@ -47,6 +47,8 @@ pub(crate) struct Holder {
     pub(crate) since_ms: i64,
     /// How many permits are held, of how many: `(1, 1)` for a lock.
     pub(crate) permits: (u32, u32),
+    /// What an election's leader proclaimed under this hold's token (or RedLock fence).
+    pub(crate) value: Option<String>,
 }
 
 /// A connection to one server, with the key layout of locks in it.
@@ -322,6 +324,29 @@ impl Server {
         }
     }
 
+    /// Runs the proclaim script: writes `value` under `epoch` into the lock hash, if the grant
+    /// `(owner, token)` still holds the lock here; tells the name's subscribers.
+    pub(crate) async fn proclaim(
+        &self,
+        name: &LockName,
+        owner: &OwnerId,
+        (token, epoch): (u64, u64),
+        value: &str,
+    ) -> Result<bool> {
+        let mut inv = scripts::LOCK.proclaim.script.prepare_invoke();
+        inv.key(self.keys.lock_key(name))
+            .arg(&*owner.text())
+            .arg(token)
+            .arg(epoch)
+            .arg(value)
+            .arg(self.keys.channel(name));
+        match int(self.run("proclaim", inv).await?) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(self.bad_reply("proclaim")),
+        }
+    }
+
     /// The names of the locks held here under names starting with `prefix`, by a `SCAN` of
     /// their lock keys (the fencing counters and channels are not locks).
     pub(crate) async fn held_names(&self, prefix: &str) -> Result<Vec<LockName>> {
@@ -384,11 +409,14 @@ impl Server {
             return Ok(None);
         }
         let parsed = (|| {
-            let permits = match items.len() {
-                6 => (1, 1),
+            let (permits, value) = match items.len() {
+                7 => {
+                    let value: Option<String> = redis::from_redis_value(items.pop()?).ok()?;
+                    ((1, 1), value)
+                }
                 8 => {
                     let max = u32::try_from(int(items.pop()?)?).ok()?;
-                    (u32::try_from(int(items.pop()?)?).ok()?, max)
+                    ((u32::try_from(int(items.pop()?)?).ok()?, max), None)
                 }
                 _ => return None,
             };
@@ -402,6 +430,7 @@ impl Server {
                 pttl: pttl_of(int(pttl)?),
                 since_ms: int(since)?,
                 permits,
+                value,
             })
         })();
         parsed.map(Some).ok_or_else(|| {

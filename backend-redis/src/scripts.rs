@@ -29,6 +29,7 @@ pub(crate) struct LockScripts {
     pub(crate) renew: Lua,
     pub(crate) inspect: Lua,
     pub(crate) fence: Lua,
+    pub(crate) proclaim: Lua,
 }
 
 pub(crate) static LOCK: LazyLock<LockScripts> = LazyLock::new(|| LockScripts {
@@ -42,6 +43,7 @@ pub(crate) static LOCK: LazyLock<LockScripts> = LazyLock::new(|| LockScripts {
         include_str!("inspect.lua")
     )),
     fence: Lua::new(include_str!("fence.lua")),
+    proclaim: Lua::new(include_str!("proclaim.lua")),
 });
 
 /// The permit scripts, each after the functions they share (`permits.lua`).
@@ -68,7 +70,7 @@ pub(crate) static PERMIT: LazyLock<PermitScripts> = LazyLock::new(|| PermitScrip
 });
 
 /// Every script, for loading at connect.
-pub(crate) fn all() -> [&'static Lua; 11] {
+pub(crate) fn all() -> [&'static Lua; 12] {
     let (l, p) = (&*LOCK, &*PERMIT);
     [
         &l.acquire,
@@ -77,6 +79,7 @@ pub(crate) fn all() -> [&'static Lua; 11] {
         &l.renew,
         &l.inspect,
         &l.fence,
+        &l.proclaim,
         &p.acquire,
         &p.release,
         &p.renew,

@@ -166,6 +166,52 @@ impl Shared {
         ))
     }
 
+    /// Writes an election leader's value, under the grant's (derived) token, on every master
+    /// that holds the grant (late joiners included), each write conditional on that master's
+    /// own token of the grant: `true` once a majority wrote it, `false` when a majority can no
+    /// longer hold the grant, `Unavailable` when unanswered masters leave it undecided.
+    pub(super) async fn proclaim(self: &Arc<Self>, grant: &Grant, value: &str) -> Result<bool> {
+        let (mut tokens, id) = self.decode(grant)?;
+        let joined = id.and_then(|id| self.late().joined.get(&id).map(|j| j.tokens.clone()));
+        for (t, j) in tokens.iter_mut().zip(joined.unwrap_or_default()) {
+            if *t == 0 {
+                *t = j;
+            }
+        }
+        let deadline = Deadline::new(
+            self.deadline(grant.ttl),
+            Instant::now() + self.response_timeout,
+        );
+        let targets: Vec<usize> = (0..self.n()).filter(|&i| tokens[i] != 0).collect();
+        let (name, owner, epoch) = (grant.name.clone(), grant.owner.clone(), grant.token.0);
+        let value: Arc<str> = value.into();
+        let tally = self
+            .majority_round(&targets, deadline, move |s, i| {
+                let (name, owner, t, value) =
+                    (name.clone(), owner.clone(), tokens[i], value.clone());
+                async move {
+                    s.servers[i]
+                        .proclaim(&name, &owner, (t, epoch), &value)
+                        .await
+                }
+            })
+            .await;
+        if tally.yes >= self.quorum || tally.yes + tally.errors.len() < self.quorum {
+            return Ok(tally.yes >= self.quorum);
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "proclaim reached {} of {} masters; {} failed: {}",
+                tally.yes,
+                self.n(),
+                tally.errors.len(),
+                join_errors(&tally.errors)
+            ),
+        )
+        .with_lock(&grant.name))
+    }
+
     pub(super) fn decode(&self, grant: &Grant) -> Result<(Vec<u64>, Option<u64>)> {
         decode_key(&grant.key, self.n()).ok_or_else(|| {
             Error::invalid(format!(

@@ -60,8 +60,22 @@ impl Shared {
             );
             // Each master stamped its own grant; the earliest is when the acquire round began.
             let since = mine.iter().map(|h| h.since_ms).filter(|&ms| ms > 0).min();
-            return Ok(Some(match since {
+            let info = match since {
                 Some(ms) => info.with_since_unix_ms(ms),
+                None => info,
+            };
+            // A leader's value counts once a majority of masters keep it under this token:
+            // each master shows it only under the epoch it was written for (inspect.lua).
+            let values: Vec<&str> = mine
+                .iter()
+                .filter(|h| (if h.fence > 0 { h.fence } else { h.token }) == token)
+                .filter_map(|h| h.value.as_deref())
+                .collect();
+            let value = values
+                .iter()
+                .find(|v| values.iter().filter(|w| w == v).count() >= s.quorum);
+            return Ok(Some(match value {
+                Some(v) => info.with_value(*v),
                 None => info,
             }));
         }

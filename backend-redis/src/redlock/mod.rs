@@ -77,7 +77,8 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new()
     ))
     .fair(false)
     .fencing(Fencing::Volatile)
-    .renewal(true);
+    .renewal(true)
+    .election(true);
 
 /// The least a round waits for the masters that have not answered, whatever the TTL. Loopback
 /// answers in well under a millisecond, but on a loaded machine the answers of healthy masters
@@ -346,6 +347,12 @@ impl DistributedLock for RedLock {
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.shared.renew(grant, ttl).await
+    }
+
+    /// One round of the proclaim script on every master the grant holds: written once a
+    /// majority wrote it, each master checking its own token of the grant.
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        self.shared.proclaim(grant, value).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
