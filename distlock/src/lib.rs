@@ -24,6 +24,9 @@ mod ownership_and_reentry_doc {}
 #[doc = include_str!("../../docs/semaphores.md")]
 mod semaphores_doc {}
 #[cfg(doctest)]
+#[doc = include_str!("../../docs/elections.md")]
+mod elections_doc {}
+#[cfg(doctest)]
 #[doc = include_str!("../../docs/when-servers-fail.md")]
 mod when_servers_fail_doc {}
 #[cfg(doctest)]

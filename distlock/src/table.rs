@@ -10,8 +10,8 @@ pub fn capability_table() -> String {
         .map(|d| (d.label, d.capabilities))
         .collect();
     let mut out = String::from(
-        "| backend | reentrant | waiting | lease | fair (FIFO) | fencing token | watchdog renewal | semaphore |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| backend | reentrant | waiting | lease | fair (FIFO) | fencing token | watchdog renewal | semaphore | election |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for (name, c) in rows {
         let yes = |b: bool| if b { "yes" } else { "no" };
@@ -35,11 +35,12 @@ pub fn capability_table() -> String {
             other => format!("yes ({other:?})"),
         };
         out.push_str(&format!(
-            "| {name} | {} | {blocking} | {lease} | {} | {fencing} | {} | {} |\n",
+            "| {name} | {} | {blocking} | {lease} | {} | {fencing} | {} | {} | {} |\n",
             yes(c.reentrant),
             yes(c.fair),
             yes(c.renewal),
-            yes(c.semaphore)
+            yes(c.semaphore),
+            yes(c.election)
         ));
     }
     out
