@@ -37,7 +37,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(false)
     .fencing(Fencing::Durable)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// How long a polling waiter sleeps at most between two attempts by default
 /// ([`MongoConfig::backoff`]); the holder's expiry (read from the server with each attempt) wakes
@@ -306,6 +307,12 @@ impl DistributedLock for MongoLock {
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
         ops::permit::renew_all(&self.locks, self.operation_timeout, grants).await
+    }
+
+    /// One `updateOne` filtered as renew is (owner, token, lease live by `$$NOW`) that sets the
+    /// document's `value` to `{ epoch: token, text }`.
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        ops::elect::proclaim(&self.locks, self.operation_timeout, grant, value).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! { _id: <lock name>, owner: <owner id> | null, count: <i64 hold count>,
-//!   token: <i64 fencing counter>, expires_at: <date> | null, granted_at: <date> }
+//!   token: <i64 fencing counter>, expires_at: <date> | null, granted_at: <date>,
+//!   value: { epoch: <i64 token>, text: <string> } }
 //! ```
 //!
 //! Every expiry judgement uses `$$NOW`, the server's clock, evaluated once per command. The
@@ -37,6 +38,15 @@ pub const MAX: &str = "max";
 /// Bumped (an `Int64`) by every release that frees a permit: the update the change streams pass
 /// on to waiters, as they pass a lock's `owner` becoming `null`.
 pub const FREED: &str = "freed";
+/// What an election's leader proclaimed, `{ epoch, text }`: absent until the name's first
+/// proclaim, then overwritten by each one (one slot per name). `epoch` is the token of the
+/// grant that wrote it; the value is reported only while that token is the holder's, so a
+/// value left by an earlier grant (a takeover rewrites the document in place) is never shown.
+pub const VALUE: &str = "value";
+/// The token of the grant that proclaimed [`VALUE`], an `Int64`.
+pub(crate) const VALUE_EPOCH: &str = "epoch";
+/// The proclaimed text.
+pub(crate) const VALUE_TEXT: &str = "text";
 /// Computed by the projections, never stored: the lease left by the server's clock, in ms.
 pub(crate) const REMAINING_MS: &str = "remaining_ms";
 
@@ -118,9 +128,10 @@ pub(crate) fn grant_projection() -> Document {
 }
 
 /// Inspect (and a waiter learning when the holder's lease ends): the holder and the lease
-/// left by the server's clock, in one read.
-pub(crate) fn inspect_pipeline(name: &str) -> Vec<Document> {
-    vec![doc! { "$match": { "_id": name } }, state_projection()]
+/// left by the server's clock, in one read; with the leader's value for inspect (`value`), not
+/// for a waiter, which has no use for it.
+pub(crate) fn inspect_pipeline(name: &str, value: bool) -> Vec<Document> {
+    vec![doc! { "$match": { "_id": name } }, state_projection(value)]
 }
 
 /// Listing: every lock document from `prefix` on in name order, as [`inspect_pipeline`] reads
@@ -130,12 +141,12 @@ pub(crate) fn list_pipeline(prefix: &str) -> Vec<Document> {
     vec![
         doc! { "$match": { "_id": { "$gte": prefix } } },
         doc! { "$sort": { "_id": 1 } },
-        state_projection(),
+        state_projection(true),
     ]
 }
 
-fn state_projection() -> Document {
-    doc! { "$project": {
+fn state_projection(value: bool) -> Document {
+    let mut fields = doc! {
         OWNER: 1,
         COUNT: 1,
         TOKEN: 1,
@@ -145,7 +156,11 @@ fn state_projection() -> Document {
         } },
         MAX: 1,
         PERMITS: live_permits_seen(),
-    } }
+    };
+    if value {
+        fields.insert(VALUE, 1);
+    }
+    doc! { "$project": fields }
 }
 
 /// The filter of release and renew: this grant (owner and token) still holds the lock live.
@@ -238,6 +253,14 @@ pub(crate) fn expired_grant(name: &str, owner: &str, token: i64) -> Document {
 /// means the same as a free one, so clearing it changes nothing but what an operator sees.
 pub(crate) fn free() -> Document {
     doc! { "$set": { OWNER: Bson::Null, COUNT: 0_i64, EXPIRES_AT: Bson::Null } }
+}
+
+/// Proclaim (applied with the [`held_by`] filter of the leader's grant, so only while it holds
+/// the name live by the server's clock): the value, stamped with the grant's token, replacing
+/// whatever value the name had. A plain update document, not a pipeline, so a value that starts
+/// with `$` is stored as text, never read as a field path.
+pub(crate) fn proclaim_update(token: i64, value: &str) -> Document {
+    doc! { "$set": { VALUE: { VALUE_EPOCH: token, VALUE_TEXT: value } } }
 }
 
 /// Renew: the lease runs at least `ttl_ms` from the server's now, and is never shortened.

@@ -45,5 +45,7 @@ pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDe
 
 /// The field names of a lock document, for tools that read the collection.
 pub mod fields {
-    pub use crate::commands::{COUNT, EXPIRES_AT, FREED, GRANTED_AT, MAX, OWNER, PERMITS, TOKEN};
+    pub use crate::commands::{
+        COUNT, EXPIRES_AT, FREED, GRANTED_AT, MAX, OWNER, PERMITS, TOKEN, VALUE,
+    };
 }

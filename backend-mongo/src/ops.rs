@@ -17,6 +17,7 @@ use crate::commands::{self, COUNT, GRANTED_AT, OWNER, REMAINING_MS, TOKEN};
 use crate::error::bounded;
 use crate::BACKEND;
 
+pub(crate) mod elect;
 pub(crate) mod permit;
 
 /// One acquire attempt for `req` (see [`AcquireJob::run`]).
@@ -75,7 +76,7 @@ impl AcquireJob {
             if state.owner.as_deref() != Some(&*self.req.owner.text()) {
                 // Someone else holds it. The reply carries no server time, so ask how long the
                 // holder's lease runs, by the server's clock, to wake no later than its end.
-                let state = read_state(&self.locks, self.timeout, &self.req.name).await?;
+                let state = read_state(&self.locks, self.timeout, &self.req.name, false).await?;
                 // Refused for live permits: the name is a semaphore's, of another size.
                 if let Some(max) = state.as_ref().and_then(permit::held_size) {
                     return Err(permit::other_permits(&self.req, max));
@@ -113,6 +114,8 @@ struct State {
     since_ms: Option<i64>,
     /// The name's permits, if it ever had any (never for a permit itself).
     semaphore: Option<permit::Semaphore>,
+    /// What the holder of `token` proclaimed, if it did and the read asked for it.
+    value: Option<String>,
 }
 
 impl State {
@@ -161,6 +164,7 @@ impl State {
             remaining,
             since_ms,
             semaphore: permit::Semaphore::read(doc)?,
+            value: elect::value_of(doc, token),
         })
     }
 
@@ -174,9 +178,12 @@ impl State {
             )
             .with_lock(name)
         })?;
-        let info = LockInfo::new(owner, self.count, FencingToken(self.token), self.remaining);
-        Ok(match self.since_ms {
-            Some(ms) => info.with_since_unix_ms(ms),
+        let mut info = LockInfo::new(owner, self.count, FencingToken(self.token), self.remaining);
+        if let Some(ms) = self.since_ms {
+            info = info.with_since_unix_ms(ms);
+        }
+        Ok(match self.value {
+            Some(value) => info.with_value(value),
             None => info,
         })
     }
@@ -198,15 +205,17 @@ fn malformed(field: &str, value: &Bson) -> Error {
     )
 }
 
-/// The lock's document with the lease left by the server's clock; `None` if it has none.
+/// The lock's document with the lease left by the server's clock; `None` if it has none. With
+/// the leader's value only if `value` (inspect asks for it; a waiter does not).
 async fn read_state(
     locks: &Collection<Document>,
     timeout: Duration,
     name: &LockName,
+    value: bool,
 ) -> Result<Option<State>> {
     let read = async {
         let cursor = locks
-            .aggregate(commands::inspect_pipeline(name.as_str()))
+            .aggregate(commands::inspect_pipeline(name.as_str(), value))
             .await?;
         cursor.try_collect::<Vec<Document>>().await
     };
@@ -479,7 +488,7 @@ pub(crate) async fn inspect(
     timeout: Duration,
     name: &LockName,
 ) -> Result<Option<LockInfo>> {
-    match read_state(locks, timeout, name).await? {
+    match read_state(locks, timeout, name, true).await? {
         Some(state) => permit::held_info(state, name),
         None => Ok(None),
     }

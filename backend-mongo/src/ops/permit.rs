@@ -148,7 +148,7 @@ pub(crate) async fn acquire(
             }
         }
         // Every permit is taken: wake no later than the soonest of their leases ends.
-        let expires_in = read_state(locks, timeout, &req.name)
+        let expires_in = read_state(locks, timeout, &req.name, false)
             .await?
             .and_then(|s| s.semaphore)
             .and_then(|s| s.live.iter().filter_map(|p| p.remaining).min());
@@ -311,7 +311,7 @@ pub(crate) async fn own_permit(
     owner: &OwnerId,
     ttl: Duration,
 ) -> Result<Option<Grant>> {
-    let Some(sem) = read_state(locks, timeout, name)
+    let Some(sem) = read_state(locks, timeout, name, false)
         .await?
         .and_then(|s| s.semaphore)
     else {
