@@ -17,6 +17,9 @@
 //! 7. The lock stays available: outside fault windows, an acquire of a name is not refused
 //!    while nobody has believed holding it for longer than a lease plus [`AVAILABILITY_SLACK_NS`]
 //!    (a hold nobody owns: a cancelled acquire's, a lost reply's never given back).
+//! 8. A semaphore's name never has more than its `max` grants believed at once, and a permit
+//!    granted after another completed has a higher token. An election's proclaim is never
+//!    taken once a later grant of the name completed before it was sent.
 //!
 //! A violation names the offending operations and prints their records.
 
@@ -63,6 +66,8 @@ struct Grant {
     /// Its guard learned the lock was lost: `lost()` fired (or a renewal failed), its release
     /// answered not held, or the register refused one of its writes.
     lost: bool,
+    /// How many holders its name admits (a semaphore's `max`; 1 for a lock).
+    permits: u32,
 }
 
 /// The verdict on one run.
@@ -108,6 +113,17 @@ pub(crate) struct Checked {
     pub(crate) reentries: usize,
     /// Re-entries granted.
     pub(crate) reentries_granted: usize,
+    /// Proclaims by election leaders, and how many of them the server took.
+    pub(crate) proclaims: usize,
+    /// Proclaims the server took.
+    pub(crate) proclaims_taken: usize,
+    /// Zombie proclaims (sent unchecked after the leader's lease ran out), and how many of them
+    /// the server refused.
+    pub(crate) zombie_proclaims: usize,
+    /// Zombie proclaims the server refused.
+    pub(crate) zombie_proclaims_refused: usize,
+    /// The most permits of a semaphore name believed held at once.
+    pub(crate) permits_peak: u32,
 }
 
 /// The drift margin the contract subtracts from a lease for a guard's safe-until: 1% of it
@@ -163,6 +179,7 @@ pub(crate) fn check(
             token: Some(token),
             owner,
             fixed,
+            permits,
             ..
         } = r
         else {
@@ -199,6 +216,7 @@ pub(crate) fn check(
             end,
             why,
             lost,
+            permits: *permits,
         });
     }
     out.grants = grants.len();
@@ -227,6 +245,11 @@ pub(crate) fn check(
     };
     for (name, gs) in &mut by_name {
         gs.sort_by_key(|g| (g.start, g.end));
+        let max = gs.iter().map(|g| g.permits).max().unwrap_or(1);
+        if max > 1 {
+            primitives::permits(name, gs, max, expect, &show, &mut out);
+            continue;
+        }
         // (1) Overlaps: every believed interval against the one reaching furthest before it.
         let mut furthest: Option<&Grant> = None;
         let mut overlaps = 0;
@@ -353,84 +376,7 @@ pub(crate) fn check(
         }
     }
 
-    // (7) Availability, outside fault windows.
-    let lease_ns = recs
-        .iter()
-        .filter_map(|r| match r {
-            Rec::Acquire {
-                ttl_ms: Some(t), ..
-            } => Some(t * 1_000_000),
-            _ => None,
-        })
-        .max();
-    if let Some(lease_ns) = lease_ns {
-        let bound = lease_ns + AVAILABILITY_SLACK_NS;
-        let first_try: BTreeMap<&str, u64> = recs.iter().fold(BTreeMap::new(), |mut m, r| {
-            if let Rec::Acquire { name, invoke, .. } = r {
-                let e = m.entry(name.as_str()).or_insert(*invoke);
-                *e = (*e).min(*invoke);
-            }
-            m
-        });
-        let mut faulted = Vec::new();
-        let mut open: Option<u64> = None;
-        for f in faults {
-            match (f.recover_from, open) {
-                (false, None) => open = Some(f.at),
-                (true, Some(from)) => {
-                    faulted.push((from, f.at + bound));
-                    open = None;
-                }
-                (false, Some(_)) => {}
-                (true, None) => faulted.push((f.at, f.at + bound)),
-            }
-        }
-        if let Some(from) = open {
-            faulted.push((from, u64::MAX));
-        }
-        let mut reported: BTreeMap<&str, usize> = BTreeMap::new();
-        for r in recs {
-            let Rec::Acquire {
-                id,
-                name,
-                invoke,
-                complete,
-                outcome,
-                ..
-            } = r
-            else {
-                continue;
-            };
-            // Refused at `at`: a try at some instant of its call (its start, to be safe), a
-            // wait when it gave up. Nobody may have believed holding it for a lease and slack.
-            let at = match outcome.as_str() {
-                "busy" => *invoke,
-                "timeout" => *complete,
-                _ => continue,
-            };
-            let since = at.saturating_sub(bound);
-            if since < first_try.get(name.as_str()).copied().unwrap_or(0)
-                || faulted.iter().any(|&(a, b)| a <= at && since <= b)
-            {
-                continue;
-            }
-            let gs = by_name.get(name.as_str()).map_or(&[][..], |v| &v[..]);
-            if !gs.iter().any(|g| g.start <= at && since <= g.end) {
-                let n = reported.entry(name.as_str()).or_default();
-                *n += 1;
-                let last = gs.iter().filter(|g| g.end <= at).map(|g| g.end).max();
-                let last = last.unwrap_or(0).max(first_try[name.as_str()]);
-                if *n <= 3 {
-                    out.violations.push(format!(
-                        "availability of {name:?}: {id} was refused ({outcome}) though nobody \
-                         had believed holding it for {:.0} ms (a lease plus slack is {:.0} ms)",
-                        ms_between(last, at),
-                        bound as f64 / 1e6
-                    ));
-                }
-            }
-        }
-    }
+    availability::check(recs, faults, &by_name, &mut out);
 
     // (5b) Safe-until against the server's expiry.
     for r in recs {
@@ -547,6 +493,9 @@ pub(crate) fn check(
         })
         .count();
 
+    // (8) Proclaims.
+    primitives::proclaims(recs, &by_name, &by_grant, &show, &mut out);
+
     // Availability: grants while a fault was in force.
     let mut windows = Vec::new();
     let mut open: Option<u64> = None;
@@ -596,5 +545,7 @@ fn deletion_race(faults: &[Fault], name: &str, a: &Grant, b: &Grant, expect: Exp
     })
 }
 
+mod availability;
+mod primitives;
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,17 @@ pub(crate) struct ClientConfig {
     pub(crate) url: String,
     /// The lock names to contend on.
     pub(crate) names: Vec<String>,
+    /// Semaphore names to take permits of, each admitting `sem_max` holders (no register or
+    /// counter on them: their holders share them by design).
+    #[serde(default)]
+    pub(crate) sem_names: Vec<String>,
+    /// How many permits each semaphore name has.
+    #[serde(default)]
+    pub(crate) sem_max: u32,
+    /// Election names: taken as locks, and each leader proclaims its value while it holds,
+    /// and once more as a zombie, unchecked, after its lease ran out.
+    #[serde(default)]
+    pub(crate) elect_names: Vec<String>,
     /// Tasks in the process.
     pub(crate) tasks: u32,
     /// How many of them share one handle; each of the rest has its own.
@@ -173,7 +184,12 @@ impl Worker {
                 task: self.task,
                 seq,
             };
-            let name = self.config.names[self.rng.usize(..self.config.names.len())].clone();
+            let name = self.pick_name();
+            let permits = if self.config.sem_names.contains(&name) {
+                self.config.sem_max
+            } else {
+                1
+            };
             let action = self.pick_action();
             let ttl = Duration::from_millis(self.config.ttl_ms);
             let mut options = match action {
@@ -191,9 +207,9 @@ impl Worker {
             let invoke = clock::now();
             let attempt = async {
                 if wait {
-                    self.handle.lock_with(&name, &options).await.map(Some)
+                    self.handle.permit(&name, permits, &options).await.map(Some)
                 } else {
-                    self.handle.try_lock_with(&name, &options).await
+                    self.handle.try_permit(&name, permits, &options).await
                 }
             };
             let result = if self.config.cancel_storm && self.rng.u8(..4) != 0 {
@@ -219,6 +235,7 @@ impl Worker {
                 ttl_ms: None,
                 shared: self.shared,
                 fixed: matches!(action, Action::Expire | Action::Extend | Action::Zombie),
+                permits,
             };
             let guard = match result {
                 None => {
@@ -273,6 +290,14 @@ impl Worker {
         }
     }
 
+    /// A name of any kind, locks twice as likely as each other kind.
+    fn pick_name(&mut self) -> String {
+        let c = &self.config;
+        let mut all: Vec<&String> = c.names.iter().chain(&c.names).collect();
+        all.extend(c.sem_names.iter().chain(&c.elect_names));
+        all[self.rng.usize(..all.len())].clone()
+    }
+
     fn pick_action(&mut self) -> Action {
         if !self.config.per_lock {
             return match self.rng.u8(..20) {
@@ -324,6 +349,32 @@ impl Worker {
         }
         self.write_unchecked(id, name, guard.token().0, conn, false)
             .await;
+        if believes(guard) {
+            self.proclaim(id, name, guard, false).await;
+        }
+    }
+
+    /// On an election's name: proclaims the leader's value through the backend's own call, as
+    /// `Leadership::proclaim` does but without its check of the guard when `zombie`.
+    async fn proclaim(&self, id: OpId, name: &str, guard: &LockGuard, zombie: bool) {
+        if !self.config.elect_names.iter().any(|n| n == name) {
+            return;
+        }
+        let invoke = clock::now();
+        let value = format!("{id} at {invoke}");
+        let result = self.handle.proclaim(guard.grant(), &value).await;
+        record(
+            &self.out,
+            &Rec::Proclaim {
+                id,
+                name: name.to_string(),
+                invoke,
+                complete: clock::now(),
+                accepted: matches!(result, Ok(true)),
+                error: result.err().map(|e| e.to_string()),
+                zombie,
+            },
+        );
     }
 
     async fn write_unchecked(
@@ -334,6 +385,9 @@ impl Worker {
         conn: &mut Conn,
         zombie: bool,
     ) {
+        if self.config.sem_names.iter().any(|n| n == name) {
+            return; // shared by its permits' holders: no register
+        }
         let invoke = clock::now();
         let answer = conn
             .call(&Request::Fence {
@@ -358,7 +412,7 @@ impl Worker {
     }
 
     async fn increment(&mut self, id: OpId, name: &str, guard: &LockGuard, conn: &mut Conn) {
-        if !believes(guard) {
+        if !believes(guard) || self.config.sem_names.iter().any(|n| n == name) {
             return;
         }
         let invoke = clock::now();

@@ -54,6 +54,10 @@ pub(crate) enum Rec {
         /// safe-until, the grant's or the last extend's.
         #[serde(default)]
         fixed: bool,
+        /// How many holders the name admits: 1 for a lock (an election's name included), the
+        /// semaphore's `max` for a permit.
+        #[serde(default = "one")]
+        permits: u32,
     },
     /// The end of a grant's believed holding: the earliest of release invoked, the guard
     /// dropped, `lost()` fired and safe-until.
@@ -146,6 +150,25 @@ pub(crate) enum Rec {
         /// The lease the server said was left, in ms.
         remaining_ms: Option<u64>,
     },
+    /// A leader's proclaim on an election's name, sent with the grant's identity through the
+    /// backend's own call: the server must refuse it once a later grant of the name exists.
+    Proclaim {
+        /// The acquisition (the leadership).
+        id: OpId,
+        /// The election's name.
+        name: String,
+        /// When it was invoked.
+        invoke: u64,
+        /// When it completed.
+        complete: u64,
+        /// Whether the server took it (`false` also for an error).
+        accepted: bool,
+        /// The error, if any.
+        error: Option<String>,
+        /// Sent on purpose after the leader's lease ran out, without checking (a leader that
+        /// stalled): the server must refuse it once a newer grant exists.
+        zombie: bool,
+    },
     /// A re-entry through the guard: one more hold of the same grant.
     Reenter {
         /// The acquisition re-entered.
@@ -174,9 +197,14 @@ impl Rec {
             | Rec::Incr { id, .. }
             | Rec::Extend { id, .. }
             | Rec::Reenter { id, .. }
+            | Rec::Proclaim { id, .. }
             | Rec::Expiry { id, .. } => *id,
         }
     }
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A fault the nemesis injected or undid.

@@ -15,6 +15,9 @@ use tokio::process::{Child, Command};
 
 use crate::checker::{self, Checked, Expect};
 use crate::client::ClientConfig;
+
+/// How many permits the campaign's semaphore names have.
+const SEM_MAX: u32 = 2;
 use crate::clock;
 use crate::history::{Fault, Rec};
 use crate::matrix::{Backend, Scenario};
@@ -119,6 +122,19 @@ async fn run_inner(
         fastrand::u32(..)
     );
     let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
+    // A semaphore and an election beside the locks, where the backend has them: the same
+    // faults hit all three, and the same checker judges them.
+    let caps = backend.descriptor.capabilities;
+    let sem_names: Vec<String> = caps
+        .semaphore
+        .then(|| format!("{prefix}sem"))
+        .into_iter()
+        .collect();
+    let elect_names: Vec<String> = caps
+        .election
+        .then(|| format!("{prefix}elect"))
+        .into_iter()
+        .collect();
     let proxied = matches!(scenario, Scenario::LostReplies | Scenario::ClientCut);
     // Clients connect before they loop: the first fault comes after a moment, which varies so
     // that over the runs a fault lands at every point of the clients' cycles (a fixed moment
@@ -171,6 +187,9 @@ async fn run_inner(
         let config = ClientConfig {
             url,
             names: names.clone(),
+            sem_names: sem_names.clone(),
+            sem_max: SEM_MAX,
+            elect_names: elect_names.clone(),
             tasks,
             shared,
             duration_ms: run_for.as_millis() as u64,
@@ -477,7 +496,13 @@ async fn run_inner(
     let run_end = clock::now();
     drop(routes);
 
-    let residue = residue(backend, &base_url, &prefix, &names, ttl).await;
+    let every_name: Vec<String> = names
+        .iter()
+        .chain(&sem_names)
+        .chain(&elect_names)
+        .cloned()
+        .collect();
+    let residue = residue(backend, &base_url, &prefix, &every_name, ttl).await;
     let faults = faults.lock().expect("faults").clone();
     let recs = read_histories(dir)?;
     let expect = Expect {

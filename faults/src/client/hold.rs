@@ -79,6 +79,7 @@ impl Worker {
                 if checked {
                     self.write_unchecked(id, name, guard.token().0, conn, true)
                         .await;
+                    self.proclaim(id, name, &guard, true).await;
                 }
                 self.end(id, name, &guard, &lost_at, clock::now(), action);
                 drop(guard);
