@@ -38,7 +38,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(false)
     .fencing(Fencing::Durable)
     .renewal(true)
-    .semaphore(true);
+    .semaphore(true)
+    .election(true);
 
 /// A client of the MySQL/MariaDB lock table: two connection pools (acquiring; renewing and
 /// releasing), one owner id, one watchdog, and (if configured) one sweeper task.
@@ -285,6 +286,12 @@ impl DistributedLock for MysqlLock {
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
         self.inner.renew(grant, ttl).await
+    }
+
+    /// One conditional `UPDATE` of the grant's row (`PROCLAIM` in `sql.rs`): the value and the
+    /// grant's token, if the grant's owner and token hold the row live by the server's clock.
+    async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
+        self.inner.proclaim(grant, value).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

@@ -16,12 +16,18 @@ pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
+const ER_DUP_FIELDNAME: u16 = 1060;
 const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 
 pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
     error_number(e) == Some(ER_DUP_ENTRY)
+}
+
+/// An `ADD COLUMN` of a column the table has: another client's connect added it first.
+pub(crate) fn is_duplicate_column(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(ER_DUP_FIELDNAME)
 }
 
 /// A lock conflict between concurrent transactions, which InnoDB resolved by rolling back

@@ -5,7 +5,7 @@ use distlock_api::{Error, ErrorKind, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{AssertSqlSafe, Connection, Executor};
 
-use crate::error::map_error;
+use crate::error::{is_duplicate_column, map_error};
 use crate::sql::{self, Statements};
 
 /// Opens one session within the caller's connect timeout: proves the server is reachable and
@@ -31,24 +31,32 @@ pub(crate) async fn prepare(
         }
     }
     // Tables made by earlier versions: a narrower owner column (for owner ids without a tag,
-    // a longer id would be refused or, without strict mode, cut short and never match again)
-    // and no `granted_at` column. Fixed on connect, or refused with the statements to run.
+    // a longer id would be refused or, without strict mode, cut short and never match again),
+    // no `granted_at` column, no `value` and `value_token` columns (elections). Fixed on
+    // connect, or refused with the statements to run.
     let width: Option<Option<i64>> = sqlx::query_scalar(AssertSqlSafe(sql.owner_width.clone()))
         .fetch_optional(&mut conn)
         .await
         .map_err(fail("checking the lock table's owner column"))?;
     let exists = width.is_some();
     let narrow = width.flatten().filter(|&w| w < sql::OWNER_COLUMN_WIDTH);
-    let has_granted_at: i64 = sqlx::query_scalar(AssertSqlSafe(sql.has_granted_at.clone()))
-        .fetch_one(&mut conn)
-        .await
-        .map_err(fail("checking the lock table's columns"))?;
+    let (granted_at, value, value_token): (i64, i64, i64) =
+        sqlx::query_as(AssertSqlSafe(sql.later_columns.clone()))
+            .fetch_one(&mut conn)
+            .await
+            .map_err(fail("checking the lock table's columns"))?;
     let mut fixes = Vec::new();
     if narrow.is_some() {
         fixes.push(&sql.widen_owner);
     }
-    if exists && has_granted_at == 0 {
-        fixes.push(&sql.add_granted_at);
+    for (has, add) in [
+        (granted_at, &sql.add_granted_at),
+        (value, &sql.add_value),
+        (value_token, &sql.add_value_token),
+    ] {
+        if exists && has == 0 {
+            fixes.push(add);
+        }
     }
     if !fixes.is_empty() && !create_tables {
         let run: Vec<String> = fixes.iter().map(|f| format!("`{f}`")).collect();
@@ -68,9 +76,13 @@ pub(crate) async fn prepare(
         ));
     }
     for fix in fixes {
-        conn.execute(AssertSqlSafe(fix.clone()))
-            .await
-            .map_err(fail("updating the lock table to this version"))?;
+        match conn.execute(AssertSqlSafe(fix.clone())).await {
+            // Clients connecting at once all see the column missing; the first adds it.
+            Err(e) if is_duplicate_column(&e) => {}
+            done => {
+                done.map_err(fail("updating the lock table to this version"))?;
+            }
+        }
     }
     for check in [&sql.check_locks, &sql.check_fencing, &sql.permit.check] {
         conn.execute(AssertSqlSafe(check.clone()))

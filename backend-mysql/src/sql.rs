@@ -18,8 +18,8 @@ pub(crate) const CREATE_LOCKS: &str = include_str!("sql/create_locks.sql");
 pub(crate) const CREATE_FENCING: &str = include_str!("sql/create_fencing.sql");
 
 /// Fails early, with a clear error, if an existing table lacks a column this backend uses.
-const CHECK_LOCKS: &str =
-    "SELECT name, owner, hold_count, token, expires_at, granted_at FROM `{locks}` LIMIT 0";
+const CHECK_LOCKS: &str = "SELECT name, owner, hold_count, token, expires_at, granted_at, \
+     value, value_token FROM `{locks}` LIMIT 0";
 const CHECK_FENCING: &str = "SELECT name, value FROM `{fencing}` LIMIT 0";
 
 /// The current row of a lock, live or not, with its remaining lease in microseconds (zero or
@@ -30,19 +30,22 @@ const READ: &str = "SELECT owner, token, \
      FROM `{locks}` WHERE name = ?";
 
 /// What an operator sees of a lock: owner, hold count, token, the lease left in microseconds
-/// (as [`READ`]) and when the grant began, in milliseconds since
+/// (as [`READ`]), when the grant began, in milliseconds since
 /// the epoch (counted from the epoch as a UTC datetime, so the session's time zone plays no
-/// part).
+/// part), and the leader's value: only if this grant proclaimed it ([`PROCLAIM`]), never a value
+/// an earlier grant left on a row taken over or handed over in place.
 const INSPECT: &str = "SELECT owner, hold_count, token, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
-     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000 \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000, \
+     IF(value_token = token, value, NULL) \
      FROM `{locks}` WHERE name = ?";
 
 /// Every live lock whose name starts with a prefix (its bytes and their length bound), as
 /// [`INSPECT`] sees each, in name order. The range condition lets the primary key do the work.
 const LIST: &str = "SELECT name, owner, hold_count, token, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
-     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000 \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000, \
+     IF(value_token = token, value, NULL) \
      FROM `{locks}` \
      WHERE name >= ? AND LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) \
      ORDER BY name";
@@ -205,6 +208,15 @@ const RENEW: &str = "UPDATE `{locks}` \
      SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
      WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)";
 
+/// An election's leader proclaims its value: stored with the grant's token as its epoch, only
+/// while the grant (owner and token) holds the row live by the server's clock, the condition
+/// of [`RENEW`]. One row (the driver asks for found rows, not changed rows, so a proclaim of
+/// the same value again is 1) or none (not held: expired, released, taken over, handed over).
+/// No lock statement reads or writes these two columns: a row taken over or handed over in
+/// place keeps the old value under the old token, which [`INSPECT`] does not show.
+const PROCLAIM: &str = "UPDATE `{locks}` SET value = ?, value_token = token \
+     WHERE name = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)";
+
 /// The sweeper: delete at most `?` expired rows. The condition is evaluated on the locked,
 /// current version of each row, so a row renewed a moment earlier is not deleted.
 const SWEEP: &str = "DELETE FROM `{locks}` WHERE expires_at <= UTC_TIMESTAMP(6) LIMIT ?";
@@ -218,12 +230,22 @@ const OWNER_WIDTH: &str = "SELECT CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED) \
 /// The owner column as `create_locks.sql` makes it: room for every owner id's text.
 const WIDEN_OWNER: &str = "ALTER TABLE `{locks}` MODIFY owner VARBINARY(81) NOT NULL";
 
-/// Whether the lock table has the `granted_at` column (tables made before it have not).
-const HAS_GRANTED_AT: &str = "SELECT COUNT(*) FROM information_schema.COLUMNS \
-     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{locks}' AND COLUMN_NAME = 'granted_at'";
+/// Which of the columns added since the first version the lock table has: `granted_at`,
+/// `value` and `value_token` (1 or 0 each; tables made before them have not).
+const LATER_COLUMNS: &str = "SELECT COUNT(CASE WHEN COLUMN_NAME = 'granted_at' THEN 1 END), \
+     COUNT(CASE WHEN COLUMN_NAME = 'value' THEN 1 END), \
+     COUNT(CASE WHEN COLUMN_NAME = 'value_token' THEN 1 END) \
+     FROM information_schema.COLUMNS \
+     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{locks}'";
 
 /// Adds the `granted_at` column to a table made before it.
 const ADD_GRANTED_AT: &str = "ALTER TABLE `{locks}` ADD COLUMN granted_at DATETIME(6) NULL";
+
+/// Adds the `value` column (an election leader's value) to a table made before it.
+const ADD_VALUE: &str = "ALTER TABLE `{locks}` ADD COLUMN value BLOB NULL";
+
+/// Adds the `value_token` column (the epoch of `value`) to a table made before it.
+const ADD_VALUE_TOKEN: &str = "ALTER TABLE `{locks}` ADD COLUMN value_token BIGINT UNSIGNED NULL";
 
 /// The owner column's width in bytes: [`distlock_api::MAX_OWNER_TEXT_LEN`].
 pub(crate) const OWNER_COLUMN_WIDTH: i64 = 81;
@@ -244,8 +266,10 @@ pub(crate) struct Statements {
     pub(crate) read: Arc<str>,
     pub(crate) inspect: Arc<str>,
     pub(crate) list: Arc<str>,
-    pub(crate) has_granted_at: Arc<str>,
+    pub(crate) later_columns: Arc<str>,
     pub(crate) add_granted_at: Arc<str>,
+    pub(crate) add_value: Arc<str>,
+    pub(crate) add_value_token: Arc<str>,
     pub(crate) bump_fencing: Arc<str>,
     pub(crate) insert: Arc<str>,
     pub(crate) takeover: Arc<str>,
@@ -256,6 +280,7 @@ pub(crate) struct Statements {
     pub(crate) clear_expired: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) sweep: Arc<str>,
+    pub(crate) proclaim: Arc<str>,
     /// The statements of semaphore permits (`sql/permit.rs`).
     pub(crate) permit: PermitStatements,
     grant_in_one: Arc<str>,
@@ -290,8 +315,10 @@ impl Statements {
             read: r(READ),
             inspect: r(INSPECT),
             list: r(LIST),
-            has_granted_at: r(HAS_GRANTED_AT),
+            later_columns: r(LATER_COLUMNS),
             add_granted_at: r(ADD_GRANTED_AT),
+            add_value: r(ADD_VALUE),
+            add_value_token: r(ADD_VALUE_TOKEN),
             bump_fencing: r(BUMP_FENCING),
             insert: r(INSERT),
             takeover: r(TAKEOVER),
@@ -302,6 +329,7 @@ impl Statements {
             clear_expired: r(CLEAR_EXPIRED),
             renew: r(RENEW),
             sweep: r(SWEEP),
+            proclaim: r(PROCLAIM),
             grant_in_one: r(GRANT_IN_ONE),
             rollback_and_read: r(ROLLBACK_AND_READ),
             hand_over: r(HAND_OVER),
@@ -413,6 +441,9 @@ mod tests {
             &s.inspect,
             &s.list,
             &s.add_granted_at,
+            &s.add_value,
+            &s.add_value_token,
+            &s.proclaim,
             &s.bump_fencing,
             &s.insert,
             &s.takeover,

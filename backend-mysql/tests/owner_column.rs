@@ -44,7 +44,10 @@ async fn make_old_table(tables: &PrivateTables) {
         .replace("{locks}", &tables.locks)
         .replace("VARBINARY(81)", "VARBINARY(64)")
         .lines()
-        .filter(|line| !line.trim_start().starts_with("granted_at"))
+        .filter(|line| {
+            let line = line.trim_start();
+            !line.starts_with("granted_at") && !line.starts_with("value")
+        })
         .collect::<Vec<_>>()
         .join("\n");
     let fencing = distlock_mysql::FENCING_TABLE_DDL.replace("{fencing}", &tables.fencing);
@@ -120,6 +123,7 @@ async fn an_old_lock_table_without_create_rights_is_refused_with_the_fix() {
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         assert!(e.to_string().contains("VARBINARY(81)"), "{e}");
         assert!(e.to_string().contains("ADD COLUMN granted_at"), "{e}");
+        assert!(e.to_string().contains("ADD COLUMN value_token"), "{e}");
         assert_eq!(
             owner_width(&t).await,
             64,

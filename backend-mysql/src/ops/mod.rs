@@ -1,9 +1,10 @@
 //! The server operations behind [`MysqlLock`](crate::MysqlLock): the state its tasks share,
 //! renewals and reads here, acquiring in `acquire.rs`, releasing and handing over in `release.rs`,
-//! semaphore permits in `permit.rs`.
+//! semaphore permits in `permit.rs`, an election leader's value in `proclaim.rs`.
 
 mod acquire;
 mod permit;
+mod proclaim;
 mod release;
 
 use std::collections::HashMap;
@@ -280,8 +281,9 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// What [`Inner::inspect`] and [`Inner::list`] see of one row, its columns from `at` on: owner,
-/// hold count, token, µs of lease left and the grant's time in ms since the epoch. `None` when
-/// the lease has run out.
+/// hold count, token, µs of lease left, the grant's time in ms since the epoch and the value
+/// this grant proclaimed (NULL unless its token is the row's). `None` when the lease has run
+/// out.
 fn info_of(row: &MySqlRow, at: usize, name: &LockName) -> Result<Option<LockInfo>> {
     let bad = |e: sqlx::Error| map_error(e, "reading the lock row").with_lock(name);
     let remaining_us: i64 = row.try_get(at + 3).map_err(bad)?;
@@ -301,14 +303,31 @@ fn info_of(row: &MySqlRow, at: usize, name: &LockName) -> Result<Option<LockInfo
             .with_lock(name)
         })?;
     let since_ms: Option<i64> = row.try_get(at + 4).map_err(bad)?;
+    let value: Option<Vec<u8>> = row.try_get(at + 5).map_err(bad)?;
+    let value = value
+        .map(|v| {
+            String::from_utf8(v).map_err(|_| {
+                Error::new(
+                    ErrorKind::Backend,
+                    "the lock row's value is not UTF-8 (written by something else?)",
+                )
+                .with_backend(BACKEND)
+                .with_lock(name)
+            })
+        })
+        .transpose()?;
     let info = LockInfo::new(
         owner,
         row.try_get(at + 1).map_err(bad)?,
         FencingToken(row.try_get(at + 2).map_err(bad)?),
         Some(Duration::from_micros(remaining_us.unsigned_abs())),
     );
-    Ok(Some(match since_ms {
+    let info = match since_ms {
         Some(ms) => info.with_since_unix_ms(ms),
+        None => info,
+    };
+    Ok(Some(match value {
+        Some(v) => info.with_value(v),
         None => info,
     }))
 }

@@ -20,6 +20,13 @@ CREATE TABLE IF NOT EXISTS `{locks}` (
     -- When the grant began, in UTC on the server's clock; shown to operators, never used to
     -- judge a lease. NULL in rows written before the column was added on connect.
     granted_at DATETIME(6)     NULL,
+    -- An election leader's value (UTF-8, up to 4096 bytes), written only by a proclaim of a
+    -- live grant; shown only while `value_token` is the row's token, so a value left by an
+    -- earlier grant (on a row taken over or handed over in place) is never shown. NULL until
+    -- a proclaim; added on connect to tables made before it.
+    value       BLOB            NULL,
+    -- The token (epoch) of the grant that proclaimed `value`.
+    value_token BIGINT UNSIGNED NULL,
     PRIMARY KEY (name),
     -- For the sweeper's range scan of expired rows.
     KEY expires_at (expires_at)

@@ -99,11 +99,11 @@ const MARKER_DELETE: &str = "DELETE FROM `{locks}` WHERE name = ? AND owner = {m
 const MARKER_SIZE: &str = "SELECT CAST(hold_count AS SIGNED) FROM `{locks}` \
      WHERE name = ? AND owner = {marker} AND expires_at > UTC_TIMESTAMP(6)";
 
-/// The oldest live permit of a name as the lock table's `INSPECT` shows a lock, then how many
-/// are live (the `max` is the marker's).
+/// The oldest live permit of a name as the lock table's `INSPECT` shows a lock (a permit keeps
+/// no election value: NULL in its place), then how many are live (the `max` is the marker's).
 const INSPECT: &str = "SELECT owner, hold_count, token, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
-     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000, \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', granted_at) DIV 1000, NULL, \
      (SELECT COUNT(*) FROM `{permits}` q WHERE q.name = p.name \
         AND q.expires_at > UTC_TIMESTAMP(6)) \
      FROM `{permits}` p WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) \
@@ -113,7 +113,7 @@ const INSPECT: &str = "SELECT owner, hold_count, token, \
 /// `LIST` binds it), one row per name, in name order; its columns follow the name.
 const LIST: &str = "SELECT p.name, p.owner, p.hold_count, p.token, \
      TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), p.expires_at), \
-     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', p.granted_at) DIV 1000, c.held \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', p.granted_at) DIV 1000, NULL, c.held \
      FROM `{permits}` p JOIN \
        (SELECT name, MIN(token) AS first, COUNT(*) AS held FROM `{permits}` \
         WHERE name >= ? AND LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) \

@@ -313,7 +313,7 @@ pub(in crate::ops) fn permit_info(
     max: u32,
 ) -> Result<Option<LockInfo>> {
     let held: i64 = row
-        .try_get(at + 5)
+        .try_get(at + 6)
         .map_err(|e| map_error(e, "reading the permit row").with_lock(name))?;
     let held = u32::try_from(held).unwrap_or(u32::MAX);
     Ok(info_of(row, at, name)?.map(|info| info.with_permits(held, max)))
