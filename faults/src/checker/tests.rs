@@ -17,6 +17,28 @@ fn acquire(pid: u32, seq: u64, token: u64, complete: u64) -> Rec {
         ttl_ms: None,
         shared: false,
         fixed: false,
+        permits: 1,
+    }
+}
+
+/// A permit of a semaphore of `max` on the name `n`.
+fn permit(pid: u32, seq: u64, token: u64, invoke: u64, complete: u64, max: u32) -> Rec {
+    let mut r = acquire_sent(pid, seq, token, invoke, complete);
+    if let Rec::Acquire { permits, .. } = &mut r {
+        *permits = max;
+    }
+    r
+}
+
+fn proclaim(pid: u32, seq: u64, invoke: u64, accepted: bool) -> Rec {
+    Rec::Proclaim {
+        id: OpId { pid, task: 0, seq },
+        name: "n".into(),
+        invoke,
+        complete: invoke + 1,
+        accepted,
+        error: None,
+        zombie: true,
     }
 }
 
@@ -450,4 +472,90 @@ fn a_safe_until_past_the_servers_expiry_is_a_violation() {
     let c = run(expiry(900 * ms, 400));
     assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
     assert!(c.violations[0].contains("server's expiry"));
+}
+
+#[test]
+fn up_to_max_permits_at_once_pass_and_one_more_is_a_violation() {
+    // Three permits of 2: the third granted while both others are believed held.
+    let two = [
+        permit(1, 1, 1, 5, 10, 2),
+        permit(2, 1, 2, 6, 12, 2),
+        end(1, 1, 20),
+        permit(3, 1, 3, 15, 20, 2), // granted as the first ends: two at once
+        end(2, 1, 30),
+        end(3, 1, 30),
+    ];
+    let c = check(&two, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(
+        (c.violations.len(), c.permits_peak),
+        (0, 2),
+        "{:?}",
+        c.violations
+    );
+    let three = [
+        permit(1, 1, 1, 5, 10, 2),
+        permit(2, 1, 2, 6, 12, 2),
+        permit(3, 1, 3, 13, 15, 2),
+        end(1, 1, 20),
+        end(2, 1, 30),
+        end(3, 1, 30),
+    ];
+    let c = check(&three, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.permits_peak, 3);
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(
+        c.violations[0].starts_with("semaphore"),
+        "{}",
+        c.violations[0]
+    );
+}
+
+#[test]
+fn a_permit_asked_for_after_another_completed_needs_a_higher_token() {
+    // Concurrent acquires may complete out of token order; one sent after a grant may not.
+    let fine = [
+        permit(1, 1, 2, 5, 10, 2),
+        permit(2, 1, 1, 6, 11, 2),
+        end(1, 1, 20),
+        end(2, 1, 20),
+    ];
+    let c = check(&fine, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 0, "{:?}", c.violations);
+    let falls = [
+        permit(1, 1, 2, 5, 10, 2),
+        end(1, 1, 20),
+        permit(2, 1, 1, 11, 12, 2),
+        end(2, 1, 20),
+    ];
+    let c = check(&falls, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(
+        c.violations[0].starts_with("fencing on semaphore"),
+        "{}",
+        c.violations[0]
+    );
+}
+
+#[test]
+fn a_proclaim_taken_after_a_later_grant_is_a_violation() {
+    let h = [
+        acquire(1, 1, 1, 10),
+        end(1, 1, 20),
+        acquire(2, 1, 2, 30),
+        end(2, 1, 40),
+        proclaim(1, 1, 15, true),  // while it led: fine
+        proclaim(1, 1, 35, false), // a zombie's, refused: fine
+    ];
+    let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 0, "{:?}", c.violations);
+    assert_eq!((c.zombie_proclaims, c.zombie_proclaims_refused), (2, 1));
+    let mut taken = h.to_vec();
+    taken.push(proclaim(1, 1, 36, true));
+    let c = check(&taken, &[], &BTreeMap::new(), 100, Expect::default());
+    assert_eq!(c.violations.len(), 1, "{:?}", c.violations);
+    assert!(
+        c.violations[0].starts_with("election"),
+        "{}",
+        c.violations[0]
+    );
 }
