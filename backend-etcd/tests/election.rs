@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_etcd::etcd_client::Client;
@@ -213,109 +212,4 @@ async fn a_leader_whose_lease_ended_cannot_proclaim() {
         .expect("lost");
     let err = leading.proclaim("later").await.expect_err("lost");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn at_most_one_campaigner_believes_it_leads() {
-    if common::skip() {
-        return;
-    }
-    let (a, b) = (client().await, client().await);
-    let name = common::unique("elect-race");
-    let believing = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let epochs = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for (i, c) in [a.clone(), a, b.clone(), b].into_iter().enumerate() {
-        let (name, believing, most, epochs) = (
-            name.clone(),
-            believing.clone(),
-            most.clone(),
-            epochs.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let election = c.election(&name).unwrap();
-            for round in 0..20 {
-                let value = format!("task{i}-round{round}");
-                let leading = election.campaign(&value, &opts()).await.unwrap();
-                let now = believing.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                epochs.lock().unwrap().push(leading.epoch());
-                let leader = election.leader().await.unwrap().expect("led");
-                assert_eq!(
-                    (leader.epoch, leader.value.as_deref()),
-                    (leading.epoch(), Some(value.as_str()))
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                believing.fetch_sub(1, Ordering::SeqCst);
-                assert!(leading.resign().await.unwrap());
-            }
-        }));
-    }
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("rounds finish")
-            .unwrap();
-    }
-    assert_eq!(most.load(Ordering::SeqCst), 1);
-    let epochs = epochs.lock().unwrap();
-    assert_eq!(epochs.len(), 80);
-    assert!(epochs.windows(2).all(|w| w[0] < w[1]), "{epochs:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_sees_leaders_values_and_vacancies() {
-    if common::skip() {
-        return;
-    }
-    let (a, b, watcher) = (client().await, client().await, client().await);
-    let name = common::unique("elect-observe");
-    let mut observer = watcher
-        .election(&name)
-        .unwrap()
-        .observe()
-        .every(Duration::from_millis(50));
-    macro_rules! next {
-        () => {
-            tokio::time::timeout(STEP, observer.next())
-                .await
-                .expect("a change in time")
-                .unwrap()
-        };
-    }
-    assert_eq!(next!(), None);
-    let mut first = a
-        .election(&name)
-        .unwrap()
-        .campaign("a1", &opts())
-        .await
-        .unwrap();
-    let seen = next!().expect("a leader");
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("a1"))
-    );
-    first.proclaim("a2").await.unwrap();
-    let seen = next!().expect("a leader");
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("a2"))
-    );
-    let old = first.epoch();
-    assert!(first.resign().await.unwrap());
-    assert_eq!(next!(), None);
-    let second = b
-        .election(&name)
-        .unwrap()
-        .campaign("b1", &opts())
-        .await
-        .unwrap();
-    let seen = next!().expect("a leader");
-    assert!(seen.epoch > old);
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (second.epoch(), Some("b1"))
-    );
-    assert!(second.resign().await.unwrap());
 }

@@ -4,19 +4,15 @@
 //!
 //! Uses the server at `DISTLOCK_MONGO_URL` (default `mongodb://127.0.0.1:27017`).
 
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{Leader, Observer, MAX_VALUE_LEN};
+use distlock_api::MAX_VALUE_LEN;
 use distlock_conformance::given::{skip_printed, unique_name};
 use distlock_mongo::mongodb::bson::{doc, Document};
 use distlock_mongo::{
     fields, DistributedLock, ErrorKind, LockExt, LockName, LockOptions, MongoConfig, MongoLock,
 };
-
-/// How long one observer step may take.
-const STEP: Duration = Duration::from_secs(5);
 
 async fn client() -> Arc<MongoLock> {
     let config = MongoConfig::from_url(&distlock_mongo::DESCRIPTOR.test_url())
@@ -236,110 +232,4 @@ async fn a_lapsed_lease_cannot_proclaim() {
     assert!(!a.proclaim(&grant, "v4").await.unwrap());
     assert!(taker.release().await.unwrap());
     let _ = leading.resign().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_one_campaigner_believes_it_leads() {
-    if skip_printed("mongo") {
-        return;
-    }
-    let (a, b) = (client().await, client().await);
-    let name = unique_name("mongo-elect-race");
-    let believing = Arc::new(AtomicI32::new(0));
-    // Two clients, and two tasks sharing the first one's handle.
-    let handles = [a.clone(), b, a];
-    let mut tasks = Vec::new();
-    for (i, c) in handles.into_iter().chain([client().await]).enumerate() {
-        let (name, believing) = (name.clone(), believing.clone());
-        tasks.push(tokio::spawn(async move {
-            let election = c.election(&name).unwrap();
-            let opts = LockOptions::new().wait(Duration::from_secs(30));
-            let mut last = None;
-            for round in 0..20 {
-                let me = format!("task-{i}-round-{round}");
-                let leading = election.campaign(&me, &opts).await.unwrap();
-                let now = believing.fetch_add(1, Ordering::SeqCst) + 1;
-                assert_eq!(now, 1, "two leaders believe at once");
-                assert!(last < Some(leading.epoch()), "epochs only grow");
-                last = Some(leading.epoch());
-                let leader = election.leader().await.unwrap().expect("led");
-                assert_eq!((leader.epoch, leader.value), (leading.epoch(), Some(me)));
-                tokio::time::sleep(Duration::from_millis(3)).await;
-                believing.fetch_sub(1, Ordering::SeqCst);
-                assert!(leading.resign().await.unwrap());
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(believing.load(Ordering::SeqCst), 0);
-}
-
-/// The observer's next answer, skipping the moment between a grant and its proclaim (a leader
-/// of `epoch` with no value yet).
-async fn next_change(obs: &mut Observer) -> Option<Leader> {
-    loop {
-        let seen = tokio::time::timeout(STEP, obs.next())
-            .await
-            .expect("the observer saw the change in time")
-            .unwrap();
-        match seen {
-            Some(l) if l.value.is_none() => continue,
-            other => return other,
-        }
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_sees_leaders_values_and_vacancies() {
-    if skip_printed("mongo") {
-        return;
-    }
-    let (a, b, watcher) = (client().await, client().await, client().await);
-    let name = unique_name("mongo-elect-observe");
-    let opts = LockOptions::new();
-    let mut obs = watcher
-        .election(&name)
-        .unwrap()
-        .observe()
-        .every(Duration::from_millis(50));
-    assert!(next_change(&mut obs).await.is_none(), "nobody leads yet");
-
-    let mut first = a
-        .election(&name)
-        .unwrap()
-        .campaign("a1", &opts)
-        .await
-        .unwrap();
-    let seen = next_change(&mut obs).await.expect("a leader");
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("a1"))
-    );
-
-    first.proclaim("a2").await.unwrap();
-    let seen = next_change(&mut obs).await.expect("a leader");
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("a2"))
-    );
-
-    let old = first.epoch();
-    assert!(first.resign().await.unwrap());
-    assert!(next_change(&mut obs).await.is_none(), "a vacancy");
-
-    let second = b
-        .election(&name)
-        .unwrap()
-        .campaign("b1", &opts)
-        .await
-        .unwrap();
-    let seen = next_change(&mut obs).await.expect("the next leader");
-    assert!(seen.epoch > old);
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (second.epoch(), Some("b1"))
-    );
-    assert!(second.resign().await.unwrap());
 }

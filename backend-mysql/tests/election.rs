@@ -10,12 +10,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{with_tables, PrivateTables};
-use distlock_api::{Leader, Observer};
 use distlock_mysql::sqlx::{self, AssertSqlSafe};
 use distlock_mysql::{DistributedLock, ErrorKind, LockExt, LockName, LockOptions, MysqlLock};
 
@@ -55,14 +53,6 @@ async fn value_columns(t: &PrivateTables) -> i64 {
     .fetch_one(&mut conn)
     .await
     .unwrap()
-}
-
-/// The observer's next answer, within 5 s.
-async fn next(obs: &mut Observer) -> Option<Leader> {
-    tokio::time::timeout(Duration::from_secs(5), obs.next())
-        .await
-        .expect("the observer saw no change within 5 s")
-        .expect("the observer's read")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,107 +286,6 @@ async fn an_expired_leader_cannot_proclaim_and_its_value_dies_with_the_lease() {
         let info = a.inspect(&name("exp")).await.unwrap().expect("held");
         assert_eq!(info.value.as_deref(), Some("fresh"));
         assert!(g.release().await.unwrap());
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_one_campaigner_believes_it_leads() {
-    if common::skipped() {
-        return;
-    }
-    with_tables(Arc::new(PrivateTables::new("el_many")), |t| async move {
-        let (a, b, c) = (client(&t).await, client(&t).await, client(&t).await);
-        let believing = Arc::new(AtomicUsize::new(0));
-        let epochs = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for (i, locks) in [a, b, c.clone(), c].into_iter().enumerate() {
-            let (believing, epochs) = (believing.clone(), epochs.clone());
-            tasks.push(tokio::spawn(async move {
-                let election = locks.election("many").unwrap();
-                let opts = LockOptions::new().wait(Duration::from_secs(20));
-                for round in 0..20 {
-                    let value = format!("task {i} round {round}");
-                    let leading = election.campaign(&value, &opts).await.unwrap();
-                    let now = believing.fetch_add(1, Ordering::SeqCst) + 1;
-                    assert_eq!(now, 1, "two leaders believed at once");
-                    let seen = election.leader().await.unwrap().expect("led");
-                    assert_eq!((seen.epoch, seen.value), (leading.epoch(), Some(value)));
-                    epochs.lock().unwrap().push(leading.epoch().0);
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    believing.fetch_sub(1, Ordering::SeqCst);
-                    assert!(leading.resign().await.unwrap());
-                }
-            }));
-        }
-        for task in tasks {
-            tokio::time::timeout(Duration::from_secs(60), task)
-                .await
-                .expect("the campaigns took over 60 s")
-                .unwrap();
-        }
-        let mut epochs = epochs.lock().unwrap().clone();
-        epochs.sort_unstable();
-        epochs.dedup();
-        assert_eq!(epochs.len(), 80, "an epoch was given twice");
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_sees_leaders_values_and_vacancy() {
-    if common::skipped() {
-        return;
-    }
-    with_tables(Arc::new(PrivateTables::new("el_obs")), |t| async move {
-        let (a, b, watcher) = (client(&t).await, client(&t).await, client(&t).await);
-        let opts = LockOptions::new();
-        let mut obs = watcher
-            .election("obs")
-            .unwrap()
-            .observe()
-            .every(Duration::from_millis(50));
-        assert_eq!(next(&mut obs).await, None, "nobody leads yet");
-        let mut first = a
-            .election("obs")
-            .unwrap()
-            .campaign("one", &opts)
-            .await
-            .unwrap();
-        // The grant may be seen before its proclaim (no value), never with another value.
-        let mut seen = next(&mut obs).await.expect("a leader");
-        if seen.value.is_none() {
-            seen = next(&mut obs).await.expect("a leader");
-        }
-        assert_eq!(
-            (seen.epoch, seen.value.as_deref()),
-            (first.epoch(), Some("one"))
-        );
-        first.proclaim("one, again").await.unwrap();
-        let seen = next(&mut obs).await.expect("a leader");
-        assert_eq!(
-            (seen.epoch, seen.value.as_deref()),
-            (first.epoch(), Some("one, again"))
-        );
-        let first_epoch = first.epoch();
-        assert!(first.resign().await.unwrap());
-        assert_eq!(next(&mut obs).await, None, "vacant after the resign");
-        let second = b
-            .election("obs")
-            .unwrap()
-            .campaign("two", &opts)
-            .await
-            .unwrap();
-        let mut seen = next(&mut obs).await.expect("a leader");
-        assert!(seen.epoch > first_epoch);
-        if seen.value.is_none() {
-            seen = next(&mut obs).await.expect("a leader");
-        }
-        assert_eq!(
-            (seen.epoch, seen.value.as_deref()),
-            (second.epoch(), Some("two"))
-        );
-        assert!(second.resign().await.unwrap());
     })
     .await;
 }

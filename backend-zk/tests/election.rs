@@ -2,16 +2,12 @@
 //! lives in its own queue node, so it is written only while that grant holds and is never seen
 //! under a later grant.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::{Leader, Observer};
 use distlock_conformance::given::{skip_printed, unique_name};
 use distlock_zk::zookeeper_client as zk;
-use distlock_zk::{
-    DistributedLock, ErrorKind, FencingToken, LockExt, LockName, LockOptions, ZkConfig, ZkLock,
-};
+use distlock_zk::{DistributedLock, ErrorKind, LockExt, LockName, LockOptions, ZkConfig, ZkLock};
 
 /// A generous bound on every step below.
 const BOUND: Duration = Duration::from_secs(10);
@@ -237,135 +233,4 @@ async fn a_leader_whose_session_ended_cannot_proclaim_and_the_next_one_leads() {
     assert!(!a.proclaim(&grant, "later").await.unwrap());
     assert!(next.resign().await.unwrap());
     let _ = leading.resign().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn campaigners_never_lead_together() {
-    if skip_printed("zk") {
-        return;
-    }
-    const ROUNDS: usize = 20;
-    let shared = connect(config()).await;
-    let clients = [
-        connect(config()).await,
-        connect(config()).await,
-        shared.clone(),
-        shared,
-    ];
-    let name = unique_name("elect-excl");
-    let leading_now = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for (i, client) in clients.into_iter().enumerate() {
-        let election = client.election(&name).unwrap();
-        let (leading_now, most) = (leading_now.clone(), most.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut epochs = Vec::new();
-            for round in 0..ROUNDS {
-                let value = format!("task {i} round {round}");
-                let leading = election
-                    .campaign(&value, &LockOptions::new().wait(BOUND * 3))
-                    .await
-                    .unwrap();
-                let now = leading_now.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                let leader = election.leader().await.unwrap().expect("a leader");
-                assert_eq!(leader.epoch, leading.epoch());
-                assert_eq!(leader.value.as_deref(), Some(value.as_str()));
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                epochs.push(leading.epoch());
-                leading_now.fetch_sub(1, Ordering::SeqCst);
-                assert!(leading.resign().await.unwrap());
-            }
-            epochs
-        }));
-    }
-    let mut all: Vec<FencingToken> = Vec::new();
-    for task in tasks {
-        all.extend(task.await.unwrap());
-    }
-    assert_eq!(
-        most.load(Ordering::SeqCst),
-        1,
-        "two leaders believed at once"
-    );
-    let count = all.len();
-    all.sort();
-    all.dedup();
-    assert_eq!(all.len(), count, "an epoch was granted twice");
-}
-
-/// The observer's next change, within the bound.
-async fn next(observer: &mut Observer) -> Option<Leader> {
-    tokio::time::timeout(BOUND, observer.next())
-        .await
-        .expect("the observer saw no change")
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_observer_sees_leaders_values_and_vacancies() {
-    if skip_printed("zk") {
-        return;
-    }
-    let (a, b, watcher) = (
-        connect(config()).await,
-        connect(config()).await,
-        connect(config()).await,
-    );
-    let name = unique_name("elect-observe");
-    let mut observer = watcher
-        .election(&name)
-        .unwrap()
-        .observe()
-        .every(Duration::from_millis(50));
-    assert!(next(&mut observer).await.is_none());
-
-    let mut first = a
-        .clone()
-        .election(&name)
-        .unwrap()
-        .campaign("one", &opts())
-        .await
-        .unwrap();
-    // The grant may be seen before its proclaim, with no value; never with another one.
-    let mut seen = next(&mut observer).await.expect("the first leader");
-    if seen.value.is_none() {
-        assert_eq!(seen.epoch, first.epoch());
-        seen = next(&mut observer).await.expect("the first leader");
-    }
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("one"))
-    );
-
-    first.proclaim("two").await.unwrap();
-    let seen = next(&mut observer).await.expect("the first leader");
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (first.epoch(), Some("two"))
-    );
-
-    let e1 = first.epoch();
-    assert!(first.resign().await.unwrap());
-    assert!(next(&mut observer).await.is_none(), "no vacancy seen");
-
-    let second = b
-        .clone()
-        .election(&name)
-        .unwrap()
-        .campaign("three", &opts())
-        .await
-        .unwrap();
-    let mut seen = next(&mut observer).await.expect("the second leader");
-    if seen.value.is_none() {
-        assert_eq!(seen.epoch, second.epoch());
-        seen = next(&mut observer).await.expect("the second leader");
-    }
-    assert!(seen.epoch > e1);
-    assert_eq!(
-        (seen.epoch, seen.value.as_deref()),
-        (second.epoch(), Some("three"))
-    );
-    assert!(second.resign().await.unwrap());
 }
