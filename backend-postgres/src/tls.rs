@@ -19,7 +19,8 @@ impl Tls {
     pub(crate) fn take_from(&mut self, q: &mut UrlQuery<'_>) -> Result<()> {
         for key in ["sslmode", "sslrootcert"] {
             let Some(v) = q.take_str(key) else { continue };
-            if !cfg!(feature = "tls") && !(key == "sslmode" && v == "disable") {
+            let plain = key == "sslmode" && v == "disable";
+            if !cfg!(feature = "tls") && !plain {
                 return Err(q.invalid(
                     key,
                     &v,
