@@ -26,7 +26,7 @@ macro_rules! descriptor {
 
 /// The server backends, in the order the capability table lists them: the one list of them
 /// in the facade. (The in-memory backend is always there: [`distlock_api::MEMORY`].)
-fn known() -> [Known; 6] {
+fn known() -> [Known; 7] {
     [
         Known {
             feature: "redis",
@@ -42,6 +42,11 @@ fn known() -> [Known; 6] {
             feature: "mysql",
             schemes: &["mysql", "mariadb"],
             descriptor: descriptor!("mysql", distlock_mysql::DESCRIPTOR),
+        },
+        Known {
+            feature: "postgres",
+            schemes: &["postgres", "postgresql"],
+            descriptor: descriptor!("postgres", distlock_postgres::DESCRIPTOR),
         },
         Known {
             feature: "mongo",
@@ -94,6 +99,7 @@ pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
 /// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
 /// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL/MariaDB | `mysql` |
+/// | `postgres://user:pass@host:5432/db`, `postgresql://…` | PostgreSQL | `postgres` |
 /// | `mongodb://host:27017/db`, `mongodb+srv://cluster.example.com/db` | MongoDB | `mongo` |
 /// | `zk://h1:2181,h2:2181/chroot` | ZooKeeper | `zk` |
 /// | `etcd://h1:2379,h2:2379` | etcd | `etcd` |
@@ -210,6 +216,7 @@ mod tests {
     #[cfg(all(
         feature = "redis",
         feature = "mysql",
+        feature = "postgres",
         feature = "mongo",
         feature = "zk",
         feature = "etcd"

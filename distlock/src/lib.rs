@@ -59,6 +59,13 @@ pub mod mysql {
     pub use distlock_mysql::*;
 }
 
+/// The PostgreSQL backend (feature `postgres`).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    pub use distlock_postgres::*;
+}
+
 /// The ZooKeeper backend (feature `zk`).
 #[cfg(feature = "zk")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zk")))]

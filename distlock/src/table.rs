@@ -53,6 +53,7 @@ mod tests {
     #[cfg(all(
         feature = "redis",
         feature = "mysql",
+        feature = "postgres",
         feature = "mongo",
         feature = "zk",
         feature = "etcd"

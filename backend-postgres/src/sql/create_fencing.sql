@@ -1,0 +1,4 @@
+CREATE TABLE IF NOT EXISTS "{fencing}" (
+    name  text COLLATE "C" PRIMARY KEY,
+    token bigint NOT NULL
+);
