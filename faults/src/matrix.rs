@@ -39,6 +39,10 @@ pub(crate) fn backends() -> Vec<Backend> {
             admin: Some(|url| Box::pin(distlock_mysql::testing::admin(url))),
         },
         Backend {
+            descriptor: &distlock_postgres::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_postgres::testing::admin(url))),
+        },
+        Backend {
             descriptor: &distlock_mongo::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_mongo::testing::admin(url))),
         },
@@ -258,6 +262,9 @@ impl Scenario {
             ),
             Scenario::ServerPause | Scenario::ServerRestart if key == "redlock" => {
                 Err("a master down is the masters-down-k rows")
+            }
+            Scenario::ServerPause | Scenario::ServerRestart if key == "postgres" => {
+                Err("no private PostgreSQL server in the campaign yet (the shared one is never faulted)")
             }
             Scenario::ServerRestartVolatile if key != "redis" => {
                 Err("its server always keeps its data (a restart without persistence is Redis's)")
