@@ -173,7 +173,7 @@ impl Election {
                     return Ok(done);
                 }
                 why = lost => {
-                    tracing::info!(
+                    tracing::warn!(
                         backend = self.locks.core().backend(),
                         lock = %self.name,
                         reason = %why,
@@ -279,6 +279,13 @@ impl Leadership {
             .proclaim(self.guard.grant(), value)
             .await
             .map_err(|e| context(e, &*backend, &name))?;
+        tracing::debug!(
+            backend = backend.core().backend(),
+            lock = %name,
+            epoch = self.epoch().0,
+            proclaimed,
+            "proclaim"
+        );
         if !proclaimed {
             return deposed(format!("epoch {} no longer leads", self.epoch()));
         }
