@@ -121,6 +121,12 @@ pub(crate) enum Scenario {
     MemberRestart,
     /// RedLock over 5 private masters, this many of them stopped past the lease.
     MastersDown(usize),
+    /// RedLock over 5 private masters: 2 killed (-9) and restarted on their fsync-always
+    /// append-only files.
+    MastersRestart,
+    /// RedLock over 5 private masters without persistence: 2 killed (-9) and restarted empty
+    /// once the lease has passed (the delayed restart RedLock needs without persistence).
+    MastersRestartVolatile,
 }
 
 /// Every scenario, in report order.
@@ -144,6 +150,8 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::MastersDown(1),
     Scenario::MastersDown(2),
     Scenario::MastersDown(3),
+    Scenario::MastersRestart,
+    Scenario::MastersRestartVolatile,
 ];
 
 impl Scenario {
@@ -169,6 +177,8 @@ impl Scenario {
             Scenario::MastersDown(1) => "masters-down-1",
             Scenario::MastersDown(2) => "masters-down-2",
             Scenario::MastersDown(_) => "masters-down-3",
+            Scenario::MastersRestart => "masters-restart",
+            Scenario::MastersRestartVolatile => "masters-restart-volatile",
         }
     }
 
@@ -227,6 +237,15 @@ impl Scenario {
                 "RedLock over 5 private masters, 3 SIGSTOPped past the lease (no majority: no \
                  grants until they return)"
             }
+            Scenario::MastersRestart => {
+                "RedLock over 5 private masters, 2 killed (-9) and restarted on their fsync-always \
+                 append-only files half a lease later"
+            }
+            Scenario::MastersRestartVolatile => {
+                "RedLock over 5 private masters without persistence, 2 killed (-9) and restarted \
+                 empty once the lease has passed (the delayed restart RedLock needs without \
+                 persistence)"
+            }
         }
     }
 
@@ -273,7 +292,13 @@ impl Scenario {
                 "etcd" | "zk" => Ok(()),
                 _ => Err("etcd and ZooKeeper are the clustered backends"),
             },
-            Scenario::MastersDown(_) if key != "redlock" => Err("RedLock only"),
+            Scenario::MastersDown(_)
+            | Scenario::MastersRestart
+            | Scenario::MastersRestartVolatile
+                if key != "redlock" =>
+            {
+                Err("RedLock only")
+            }
             _ => Ok(()),
         }
     }

@@ -91,13 +91,16 @@ async fn run_inner(
     let ttl = backend.ttl();
     let members = match scenario {
         Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
-        Scenario::MastersDown(_) => 5,
+        Scenario::MastersDown(_) | Scenario::MastersRestart | Scenario::MastersRestartVolatile => 5,
         s if s.clustered() => 3,
         _ => 0,
     };
     let mut server = if members > 0 {
         let kind = Kind::of(backend.key()).ok_or("no server kind for this backend")?;
-        let volatile = scenario == Scenario::ServerRestartVolatile;
+        let volatile = matches!(
+            scenario,
+            Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
+        );
         Some(Deployment::start(kind, members, volatile).await?)
     } else {
         None
@@ -155,6 +158,8 @@ async fn run_inner(
             }
             Scenario::MemberRestart => knobs.base + ttl * 6,
             Scenario::MastersDown(_) => knobs.base + ttl * 3,
+            Scenario::MastersRestart => knobs.base + ttl * 3,
+            Scenario::MastersRestartVolatile => knobs.base + ttl * 4,
         };
     let (tasks, shared) = match scenario {
         Scenario::SharedHandle => (4, 4),
@@ -458,6 +463,31 @@ async fn run_inner(
             }
             note(format!("SIGCONT {k} masters"), None, true, None);
         }
+        Scenario::MastersRestart | Scenario::MastersRestartVolatile => {
+            let d = server.as_mut().ok_or("no private masters")?;
+            let volatile = scenario == Scenario::MastersRestartVolatile;
+            for i in 0..2 {
+                d.kill(i);
+            }
+            note(
+                format!(
+                    "SIGKILL 2 of 5 masters{}",
+                    if volatile { " (no persistence)" } else { "" }
+                ),
+                None,
+                false,
+                None,
+            );
+            // Without persistence, down until every lease has run out (renewed or not): a
+            // master that comes back empty must not hand out what a holder still believes.
+            tokio::time::sleep(if volatile { ttl + ttl / 2 } else { ttl / 2 }).await;
+            for i in 0..2 {
+                if let Err(e) = d.restart(i).await {
+                    undo_error = Some(format!("master {i} did not come back: {e}"));
+                }
+            }
+            note("2 masters restarted".into(), None, true, None);
+        }
     }
 
     // Wait for the clients; one that outlives its run by far is killed (and believes nothing
@@ -509,7 +539,10 @@ async fn run_inner(
         oob_delete: scenario == Scenario::OobDelete,
         allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
         client_pause: scenario == Scenario::HolderPause,
-        volatile_restart: scenario == Scenario::ServerRestartVolatile,
+        volatile_restart: matches!(
+            scenario,
+            Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
+        ),
     };
     let checked = checker::check(&recs, &faults, &resource.snapshot(), run_end, expect);
     drop(server);
