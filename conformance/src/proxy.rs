@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -15,6 +16,8 @@ use tokio::sync::Notify;
 ///   swallowed, like a partition that drops packets. Nothing is closed or reset: the client
 ///   only learns of the cut from its own timeouts.
 /// - [`mute`](Proxy::mute): requests still reach the server, answers are swallowed.
+/// - [`delay`](Proxy::delay): every chunk, both ways, is held back this long before it is
+///   passed on (in order), as a slow or congested link would.
 /// - [`heal`](Proxy::heal): new connections flow again. A connection that lost bytes can
 ///   never be resumed (its stream would be corrupt), so those are closed, as a stateful
 ///   firewall would drop them; the client sees them end and reconnects.
@@ -32,6 +35,8 @@ struct Flags {
     muted: AtomicBool,
     healed: Notify,
     round_trips: AtomicU64,
+    /// How long each chunk is held back, in µs.
+    delay_us: AtomicU64,
 }
 
 impl Proxy {
@@ -54,6 +59,7 @@ impl Proxy {
             muted: AtomicBool::new(false),
             healed: Notify::new(),
             round_trips: AtomicU64::new(0),
+            delay_us: AtomicU64::new(0),
         });
         let task = {
             let flags = flags.clone();
@@ -96,6 +102,12 @@ impl Proxy {
         self.flags.muted.store(muted, Ordering::SeqCst);
     }
 
+    /// Holds every chunk back `by` before passing it on, both ways (zero: none).
+    pub fn delay(&self, by: Duration) {
+        let us = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.flags.delay_us.store(us, Ordering::SeqCst);
+    }
+
     /// The round trips clients made through the proxy so far (see [`Proxy`]).
     pub fn round_trips(&self) -> u64 {
         self.flags.round_trips.load(Ordering::SeqCst)
@@ -116,14 +128,18 @@ impl Drop for Proxy {
 }
 
 /// Copies `from` to `to` until a cut (or, for answers, a mute) is seen, then swallows the rest
-/// until the proxy heals, when it ends and so closes both halves.
+/// until the proxy heals, when it ends and so closes both halves. Each chunk is passed on at
+/// its arrival plus the delay then in force, by a writer of its own, so a delay adds latency
+/// without holding back the chunks behind it.
 async fn pipe(
     mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    to: OwnedWriteHalf,
     flags: Arc<Flags>,
     answers: bool,
     turn: Arc<AtomicBool>,
 ) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(forward(rx, to));
     let mut buf = vec![0u8; 64 * 1024];
     let mut poisoned = flags.cut.load(Ordering::SeqCst);
     loop {
@@ -145,7 +161,26 @@ async fn pipe(
         } else if turn.swap(false, Ordering::SeqCst) {
             flags.round_trips.fetch_add(1, Ordering::SeqCst);
         }
-        if !poisoned && to.write_all(&buf[..n]).await.is_err() {
+        if poisoned {
+            continue;
+        }
+        let at = tokio::time::Instant::now()
+            + Duration::from_micros(flags.delay_us.load(Ordering::SeqCst));
+        if tx.send((at, buf[..n].to_vec())).is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes each chunk at its time, in order; ends (closing `to`) when the reader does, once the
+/// chunks already read are written, or at the first failed write.
+async fn forward(
+    mut chunks: tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, Vec<u8>)>,
+    mut to: OwnedWriteHalf,
+) {
+    while let Some((at, chunk)) = chunks.recv().await {
+        tokio::time::sleep_until(at).await;
+        if to.write_all(&chunk).await.is_err() {
             return;
         }
     }

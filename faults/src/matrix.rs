@@ -111,6 +111,8 @@ pub(crate) enum Scenario {
     OobDelete,
     LostReplies,
     ClientCut,
+    /// Every client's link to the server slowed: each chunk both ways held back 50 to 250 ms.
+    Latency,
     ServerPause,
     ServerRestart,
     /// Redis without persistence, killed and restarted empty after the longest lease.
@@ -140,6 +142,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::OobDelete,
     Scenario::LostReplies,
     Scenario::ClientCut,
+    Scenario::Latency,
     Scenario::ServerPause,
     Scenario::ServerRestart,
     Scenario::ServerRestartVolatile,
@@ -167,6 +170,7 @@ impl Scenario {
             Scenario::OobDelete => "oob-delete",
             Scenario::LostReplies => "lost-replies",
             Scenario::ClientCut => "client-cut",
+            Scenario::Latency => "latency",
             Scenario::ServerPause => "server-pause",
             Scenario::ServerRestart => "server-restart",
             Scenario::ServerRestartVolatile => "server-restart-volatile",
@@ -200,6 +204,10 @@ impl Scenario {
             }
             Scenario::ClientCut => {
                 "one holder's proxy swallows everything, both ways, past the lease"
+            }
+            Scenario::Latency => {
+                "every client's link slowed for twice the lease: each chunk, both ways, held back \
+                 50 to 250 ms (a different delay per client)"
             }
             Scenario::ServerPause => {
                 "a private server SIGSTOPped for half the lease, later for twice the lease"

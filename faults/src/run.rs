@@ -138,7 +138,10 @@ async fn run_inner(
         .then(|| format!("{prefix}elect"))
         .into_iter()
         .collect();
-    let proxied = matches!(scenario, Scenario::LostReplies | Scenario::ClientCut);
+    let proxied = matches!(
+        scenario,
+        Scenario::LostReplies | Scenario::ClientCut | Scenario::Latency
+    );
     // Clients connect before they loop: the first fault comes after a moment, which varies so
     // that over the runs a fault lands at every point of the clients' cycles (a fixed moment
     // kept hitting the same phase, and hid a server that lost its last acknowledged writes).
@@ -150,6 +153,7 @@ async fn run_inner(
             Scenario::LeaseShrink | Scenario::OobDelete => knobs.base + ttl,
             Scenario::HolderKill | Scenario::HolderPause => knobs.base + ttl * 3,
             Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
+            Scenario::Latency => knobs.base + ttl * 3,
             Scenario::ServerPause => knobs.base + ttl * 4,
             Scenario::ServerRestart => knobs.base + ttl * 3,
             Scenario::ServerRestartVolatile => knobs.base + ttl * 4,
@@ -357,6 +361,29 @@ async fn run_inner(
                 p.heal();
             }
             note(format!("healed client {pid}'s proxy"), None, true, None);
+        }
+        Scenario::Latency => {
+            let mut delays = Vec::new();
+            for route in &routes {
+                let delay = Duration::from_millis(fastrand::u64(50..=250));
+                for p in &route.proxies {
+                    p.delay(delay);
+                }
+                delays.push(delay.as_millis().to_string());
+            }
+            note(
+                format!("every client's link slowed by {} ms", delays.join("/")),
+                None,
+                false,
+                None,
+            );
+            tokio::time::sleep(ttl * 2).await;
+            for route in &routes {
+                for p in &route.proxies {
+                    p.delay(Duration::ZERO);
+                }
+            }
+            note("links at full speed again".into(), None, true, None);
         }
         Scenario::ServerPause => {
             let s = server.as_mut().ok_or("no private server")?;
