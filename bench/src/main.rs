@@ -75,6 +75,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Res<()> {
+    if let Some(words) = &cli.lead {
+        return run::prims::lead(words).await;
+    }
     if let Some(file) = &cli.render_from {
         let json = std::fs::read_to_string(file)
             .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
@@ -88,6 +91,7 @@ async fn run(cli: Cli) -> Res<()> {
         peer: cli.peer,
         libraries: &cli.libraries,
         args: &cli.args,
+        sections: cli.sections,
     };
     let lines = run::Lines {
         backend: render::backend_line,
@@ -109,10 +113,26 @@ async fn run(cli: Cli) -> Res<()> {
     if failed > 0 {
         return Err(format!("{failed} scenario(s) failed; the report lists them").into());
     }
+    let prims = results.primitives.as_ref();
+    let failed: usize = prims.map_or(0, |p| {
+        let rows = p.permits.iter().map(|r| &r.who);
+        rows.chain(p.failover.iter().map(|r| &r.who))
+            .filter(|w| w.against.is_none())
+            .map(|w| w.errors.len())
+            .sum()
+    });
+    if failed > 0 {
+        return Err(format!("{failed} semaphore or failover measurement(s) failed").into());
+    }
+    let permit_violations = prims
+        .into_iter()
+        .flat_map(|p| &p.permits)
+        .filter_map(|r| r.contended.as_ref());
     let violations: u64 = results
         .backends
         .iter()
         .flat_map(|b| &b.hot)
+        .chain(permit_violations)
         .map(|h| h.exclusion_violations)
         .sum();
     if violations > 0 {

@@ -100,6 +100,12 @@ pub(crate) trait Target: Send + Sync {
     /// would have.
     async fn client(&self) -> Res<SharedLock>;
 
+    /// The same with `ttl` as its default lease (the session timeout on ZooKeeper, the client
+    /// lease on etcd): what a leader in section 10 holds. In-process, there is none.
+    async fn client_ttl(&self, _ttl: Duration) -> Res<SharedLock> {
+        Err("the in-process store has no lease setting of its own".into())
+    }
+
     /// A raw driver connection running the floor.
     async fn floor(&self) -> Res<Box<dyn Floor>>;
 
