@@ -23,7 +23,14 @@ use crate::run::targets::{self, Target};
 pub(super) const OBSERVE_EVERY: Duration = Duration::from_millis(10);
 
 /// How long the second campaigner (or the peer's follower) has to queue before the kill.
-pub(super) const SETTLE: Duration = Duration::from_millis(300);
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// [`SETTLE`] and a random part of a third of the lease, so that the kill lands at a random
+/// point of the leader's renewal period (renewals come every third of the lease) rather than
+/// at the same point of every sample.
+pub(super) fn settle(lease: Duration) -> Duration {
+    SETTLE + (lease / 3).mul_f64(fastrand::f64())
+}
 
 /// The `--lead KIND NAME VALUE TTL_MS` process: campaign, print `leading EPOCH`, and hold
 /// leadership (the watchdog renewing it) until killed.
@@ -73,6 +80,7 @@ async fn once(target: &dyn Target, lease: Duration) -> Res<(Duration, Duration)>
     let mut leader = Command::new(exe)
         .args(["--lead", target.kind().id(), &name, "leader-a"])
         .arg(lease.as_millis().to_string())
+        .env(targets::RUN_ID_VAR, targets::run_id())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -103,7 +111,7 @@ async fn once(target: &dyn Target, lease: Duration) -> Res<(Duration, Duration)>
         let leadership = election.campaign("leader-b", &opts).await;
         (Instant::now(), leadership)
     });
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle(lease)).await;
     if waiting.is_finished() {
         return Err("the second campaigner led while the leader process lived".into());
     }

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::failover::SETTLE;
+use super::failover::settle;
 use super::{fail, failover_bound, failover_row, permit_cycle, permit_row};
 use crate::error::Res;
 use crate::model::{FailoverRow, PermitRow, Who};
@@ -134,7 +134,7 @@ async fn once(
     follower
         .ok(cmd::campaign_command("follow", &name, "B", plan.lease)?)
         .await?;
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle(plan.lease)).await;
     follower.ask_later(cmd::observe_command("B")?).await?;
     let killed = Instant::now();
     leader.kill()?;
