@@ -3,7 +3,8 @@
 //! one hot lock, wake-up, many held locks — plus a peer crate (`rslock`) on the same Redis and,
 //! for RedLock, the cycle with one of three private masters paused; then the libraries a user
 //! would pick instead (rslock, redis-py, python-redis-lock, Curator, etcd's Go mutex) on the
-//! same servers; and writes `report.md`, a self-contained `report.html` with SVG charts, and
+//! same servers; then semaphores (the permit cycle, a contended semaphore) and leader failover
+//! after a SIGKILL, next to Curator's, etcd's and redis-semaphore's; and writes `report.md`, a self-contained `report.html` with SVG charts, and
 //! `results.json`.
 //!
 //! ```text

@@ -182,6 +182,9 @@ fn failover_row(all: &[FailoverRow], row: &FailoverRow, lease_us: f64) -> Vec<St
 }
 
 fn signed_ms(v_us: f64) -> String {
+    if v_us.abs() < 0.5 {
+        return "0".into();
+    }
     let sign = if v_us < 0.0 { "−" } else { "+" };
     format!("{sign}{}", us(v_us.abs()))
 }
@@ -226,4 +229,88 @@ pub(super) fn goals(r: &Results, permit_goal: f64, failover_goal: f64) -> Vec<St
         ));
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Latency;
+    use crate::render::content::build;
+    use crate::render::markup::markdown;
+
+    fn who(id: &str, label: &str, against: Option<&str>) -> Who {
+        Who {
+            id: id.into(),
+            label: label.into(),
+            against: against.map(Into::into),
+            version: None,
+            skipped: None,
+            errors: Vec::new(),
+        }
+    }
+
+    fn p50(us: f64) -> Option<Latency> {
+        Some(Latency {
+            count: 4,
+            p50_us: us,
+            max_us: us,
+            ..Latency::default()
+        })
+    }
+
+    #[test]
+    fn rows_compare_distlock_with_each_peer_on_its_server() {
+        let json = include_str!("../../report/results.json");
+        let mut r: Results = serde_json::from_str(json).expect("results.json parses");
+        let permit = |who, cycle, beside| PermitRow {
+            who,
+            cycle,
+            cycles_per_sec: 1000.0,
+            beside,
+            contended: None,
+            peak_held: None,
+        };
+        let failover = |who, failover| FailoverRow {
+            who,
+            samples_ms: vec![1800.0],
+            failover,
+            elected: None,
+        };
+        r.primitives = Some(Primitives {
+            permit_max: 4,
+            contended_max: 2,
+            contenders: 8,
+            lease_ms: 2000,
+            permits: vec![
+                permit(who("zk", "ZooKeeper", None), p50(1000.0), p50(900.0)),
+                permit(
+                    who("curator", "Curator", Some("zk")),
+                    p50(4000.0),
+                    p50(1000.0),
+                ),
+            ],
+            failover: vec![
+                failover(who("zk", "ZooKeeper", None), p50(1_800_000.0)),
+                failover(who("etcd-go", "Election", Some("etcd")), p50(2_000_000.0)),
+            ],
+        });
+        let md = markdown(&build(&r));
+        assert!(md.contains("| **ZooKeeper** | 1.00 ms |"), "{md}");
+        assert!(md.contains("| 900 µs | 1.11× |"), "{md}");
+        assert!(
+            md.contains("| **Curator** on ZooKeeper | 4.00 ms |"),
+            "{md}"
+        );
+        assert!(md.contains("| 1.00 ms | 0.25× |"), "{md}");
+        assert!(md.contains("**met**: permit acquire + release"), "{md}");
+        assert!(
+            md.contains("| **ZooKeeper** | 4 | 1.80 s | 1.80 s | −200 ms |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2.00 s | 2.00 s | 0 | – | no distlock row |"),
+            "{md}"
+        );
+        assert!(md.contains("same lease: 2 s"), "{md}");
+    }
 }
