@@ -15,10 +15,12 @@ usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
   --render-from FILE
                  write the report of a results.json into --out instead of running anything
   --only NAMES   only these, comma-separated: memory, redis, redlock, mysql, mongo, zk, etcd,
-                 and the peer libraries rslock, redis-py, python-redis-lock (Redis), curator
-                 (ZooKeeper), etcd-go (etcd); a peer runs with its server's backend unless
-                 --only leaves both out. Peers not installed (scripts/bench installs them
-                 into target/peers) are reported as skipped.
+                 and the peer libraries rslock, redis-py, python-redis-lock, redis-semaphore
+                 (Redis), curator (ZooKeeper), etcd-go (etcd); a peer runs with its server's
+                 backend unless --only leaves both out. Peers not installed (scripts/bench
+                 installs them into target/peers) are reported as skipped. Sections: locks
+                 (sections 1-8), permits (9), failover (10); naming none runs all three,
+                 naming only sections runs them on every backend.
   -h, --help     this text
 
 Servers are read from DISTLOCK_REDIS_URL, DISTLOCK_REDLOCK_URLS, DISTLOCK_MYSQL_URL,
@@ -40,6 +42,44 @@ pub(crate) struct Cli {
     pub(crate) args: Vec<String>,
     /// A results.json to render instead of running the scenarios.
     pub(crate) render_from: Option<PathBuf>,
+    pub(crate) sections: Sections,
+    /// `--lead KIND NAME VALUE TTL_MS` (internal): be the leader process that section 10 kills.
+    pub(crate) lead: Option<Vec<String>>,
+}
+
+/// Which parts of the report to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sections {
+    /// Sections 1-8: the lock.
+    pub(crate) locks: bool,
+    /// Section 9: semaphores.
+    pub(crate) permits: bool,
+    /// Section 10: leader failover.
+    pub(crate) failover: bool,
+}
+
+impl Sections {
+    const ALL: Sections = Sections {
+        locks: true,
+        permits: true,
+        failover: true,
+    };
+    const NONE: Sections = Sections {
+        locks: false,
+        permits: false,
+        failover: false,
+    };
+
+    /// Sets the section called `name`; false if there is none.
+    fn set(&mut self, name: &str) -> bool {
+        match name {
+            "locks" => self.locks = true,
+            "permits" => self.permits = true,
+            "failover" => self.failover = true,
+            _ => return false,
+        }
+        true
+    }
 }
 
 impl Cli {
@@ -54,6 +94,8 @@ impl Cli {
             libraries: Library::ALL.to_vec(),
             args: args.clone(),
             render_from: None,
+            sections: Sections::ALL,
+            lead: None,
         };
         let mut it = args.into_iter();
         while let Some(arg) = it.next() {
@@ -72,12 +114,23 @@ impl Cli {
                 "--quick" => cli.quick = true,
                 "--out" => cli.out = PathBuf::from(value("--out")?),
                 "--render-from" => cli.render_from = Some(PathBuf::from(value("--render-from")?)),
+                "--lead" => {
+                    let mut words = vec![value("--lead")?];
+                    for _ in 0..3 {
+                        words.push(it.next().ok_or("--lead needs KIND NAME VALUE TTL_MS")?);
+                    }
+                    cli.lead = Some(words);
+                }
                 "--only" => {
                     let list = value("--only")?;
                     cli.kinds.clear();
                     cli.peer = false;
                     cli.libraries.clear();
+                    let mut sections = Sections::NONE;
                     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        if sections.set(name) {
+                            continue;
+                        }
                         if let Some(lib) = Library::from_id(name) {
                             cli.peer |= lib == Library::Rslock;
                             cli.libraries.push(lib);
@@ -89,8 +142,15 @@ impl Cli {
                             }
                         }
                     }
-                    // The peer is only meaningful next to distlock-redis.
+                    if sections != Sections::NONE {
+                        cli.sections = sections;
+                        if cli.kinds.is_empty() && cli.libraries.is_empty() && !cli.peer {
+                            cli.kinds = Kind::ALL.to_vec();
+                        }
+                    }
+                    // The peer is only meaningful next to distlock-redis, and in section 7.
                     cli.peer |= cli.kinds.contains(&Kind::Redis);
+                    cli.peer &= cli.sections.locks;
                     // Each library comes with its server's backend.
                     cli.libraries.extend(
                         Library::ALL
@@ -142,6 +202,7 @@ mod tests {
                 Library::Rslock,
                 Library::RedisPy,
                 Library::PythonRedisLock,
+                Library::RedisSemaphore,
                 Library::EtcdGo
             ]
         );
@@ -165,6 +226,21 @@ mod tests {
         assert_eq!(cli.libraries, vec![Library::Curator, Library::EtcdGo]);
         let cli = parse(&["--only", "memory"]).unwrap().unwrap();
         assert!(cli.libraries.is_empty());
+    }
+
+    #[test]
+    fn only_can_name_sections() {
+        let cli = parse(&["--only", "permits,failover"]).unwrap().unwrap();
+        assert_eq!(cli.kinds, Kind::ALL.to_vec());
+        assert_eq!(cli.libraries, Library::ALL.to_vec());
+        assert!(!cli.peer);
+        assert!(!cli.sections.locks && cli.sections.permits && cli.sections.failover);
+        let cli = parse(&["--only", "permits,redis"]).unwrap().unwrap();
+        assert_eq!(cli.kinds, vec![Kind::Redis]);
+        assert!(!cli.sections.failover);
+        let cli = parse(&["--lead", "zk", "n", "v", "2000"]).unwrap().unwrap();
+        assert_eq!(cli.lead.unwrap(), ["zk", "n", "v", "2000"]);
+        assert!(parse(&["--lead", "zk", "n"]).is_err());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! one hot lock, wake-up, many held locks — plus a peer crate (`rslock`) on the same Redis and,
 //! for RedLock, the cycle with one of three private masters paused; then the libraries a user
 //! would pick instead (rslock, redis-py, python-redis-lock, Curator, etcd's Go mutex) on the
-//! same servers; and writes `report.md`, a self-contained `report.html` with SVG charts, and
+//! same servers; then semaphores (the permit cycle, a contended semaphore) and leader failover
+//! after a SIGKILL, next to Curator's, etcd's and redis-semaphore's; and writes `report.md`, a self-contained `report.html` with SVG charts, and
 //! `results.json`.
 //!
 //! ```text
@@ -75,6 +76,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Res<()> {
+    if let Some(words) = &cli.lead {
+        return run::prims::lead(words).await;
+    }
     if let Some(file) = &cli.render_from {
         let json = std::fs::read_to_string(file)
             .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
@@ -88,6 +92,7 @@ async fn run(cli: Cli) -> Res<()> {
         peer: cli.peer,
         libraries: &cli.libraries,
         args: &cli.args,
+        sections: cli.sections,
     };
     let lines = run::Lines {
         backend: render::backend_line,
@@ -109,10 +114,26 @@ async fn run(cli: Cli) -> Res<()> {
     if failed > 0 {
         return Err(format!("{failed} scenario(s) failed; the report lists them").into());
     }
+    let prims = results.primitives.as_ref();
+    let failed: usize = prims.map_or(0, |p| {
+        let rows = p.permits.iter().map(|r| &r.who);
+        rows.chain(p.failover.iter().map(|r| &r.who))
+            .filter(|w| w.against.is_none())
+            .map(|w| w.errors.len())
+            .sum()
+    });
+    if failed > 0 {
+        return Err(format!("{failed} semaphore or failover measurement(s) failed").into());
+    }
+    let permit_violations = prims
+        .into_iter()
+        .flat_map(|p| &p.permits)
+        .filter_map(|r| r.contended.as_ref());
     let violations: u64 = results
         .backends
         .iter()
         .flat_map(|b| &b.hot)
+        .chain(permit_violations)
         .map(|h| h.exclusion_violations)
         .sum();
     if violations > 0 {

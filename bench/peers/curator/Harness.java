@@ -30,7 +30,11 @@ import java.util.concurrent.atomic.AtomicReference;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.ExponentialBackoffRetry;
 
 public final class Harness {
@@ -40,8 +44,13 @@ public final class Harness {
 
     /** A client with Curator's usual settings: 60 s session, 15 s connection timeout. */
     private static CuratorFramework client() throws Exception {
+        return client(60_000);
+    }
+
+    /** A client whose session times out after {@code sessionMs}. */
+    private static CuratorFramework client(int sessionMs) throws Exception {
         CuratorFramework c = CuratorFrameworkFactory.newClient(
-                connect, 60_000, 15_000, new ExponentialBackoffRetry(100, 3));
+                connect, sessionMs, 15_000, new ExponentialBackoffRetry(100, 3));
         c.start();
         if (!c.blockUntilConnected(10, TimeUnit.SECONDS)) {
             c.close();
@@ -157,6 +166,83 @@ public final class Harness {
             }
         }
         return "{\"cycle\":{\"ns\":" + ns.json() + "}}";
+    }
+
+    private static final java.util.Map<String, InterProcessSemaphoreV2> CYCLE_SEMAPHORES =
+            new java.util.HashMap<>();
+
+    /** One client, acquire + return one lease of a {@code max}-permit semaphore, for {@code millis}. */
+    private static String permit(String name, int max, long millis) throws Exception {
+        if (cycleClient == null) {
+            cycleClient = client();
+        }
+        String key = name + "/" + max;
+        InterProcessSemaphoreV2 s = CYCLE_SEMAPHORES.get(key);
+        if (s == null) {
+            s = new InterProcessSemaphoreV2(cycleClient, path(name), max);
+            CYCLE_SEMAPHORES.put(key, s);
+        }
+        Longs ns = new Longs();
+        long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
+        while (true) {
+            long t = System.nanoTime();
+            Lease lease = s.acquire();
+            s.returnLease(lease);
+            long now = System.nanoTime();
+            ns.add(now - t);
+            if (now - end >= 0) {
+                break;
+            }
+        }
+        return "{\"cycle\":{\"ns\":" + ns.json() + "}}";
+    }
+
+    /** The latch this process campaigns with ({@code lead} or {@code follow}), and its client. */
+    private static LeaderLatch latch;
+    private static CuratorFramework latchClient;
+
+    /** Campaigns for {@code name} as {@code value} on a session of {@code ttlMs}. */
+    private static void campaign(String name, String value, int ttlMs) throws Exception {
+        if (latch != null) {
+            throw new Exception("this harness already campaigns");
+        }
+        latchClient = client(ttlMs);
+        latch = new LeaderLatch(latchClient, path(name), value);
+        latch.start();
+    }
+
+    /** Leads {@code name}, then holds leadership until this process is killed. */
+    private static String lead(String name, String value, int ttlMs) throws Exception {
+        campaign(name, value, ttlMs);
+        if (!latch.await(30, TimeUnit.SECONDS)) {
+            throw new Exception(name + ": not leading within 30 s");
+        }
+        return "{\"ok\":{}}";
+    }
+
+    /** Waits, polling every 10 ms, until the latch's participants name {@code value} leader. */
+    private static String observe(String value) throws Exception {
+        if (latch == null) {
+            throw new Exception("observe before follow");
+        }
+        long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+        while (System.nanoTime() - end < 0) {
+            Participant p = latch.getLeader();
+            if (p != null && p.isLeader() && p.getId().equals(value)) {
+                return "{\"ok\":{}}";
+            }
+            Thread.sleep(10);
+        }
+        throw new Exception(value + " not seen leading within 60 s");
+    }
+
+    private static String resign() throws Exception {
+        if (latch != null) {
+            latch.close();
+            latchClient.close();
+            latch = null;
+        }
+        return "{\"ok\":{}}";
     }
 
     /** When the last holder called release, and which contender it was. */
@@ -300,6 +386,22 @@ public final class Harness {
         if (w.length == 5 && w[0].equals("wake")) {
             return wake(w[1], Integer.parseInt(w[2]), Long.parseLong(w[3]),
                     Long.parseLong(w[4]));
+        }
+        if (w.length == 4 && w[0].equals("permit")) {
+            return permit(w[1], Integer.parseInt(w[2]), Long.parseLong(w[3]));
+        }
+        if (w.length == 4 && w[0].equals("lead")) {
+            return lead(w[1], w[2], Integer.parseInt(w[3]));
+        }
+        if (w.length == 4 && w[0].equals("follow")) {
+            campaign(w[1], w[2], Integer.parseInt(w[3]));
+            return "{\"ok\":{}}";
+        }
+        if (w.length == 2 && w[0].equals("observe")) {
+            return observe(w[1]);
+        }
+        if (w.length == 1 && w[0].equals("resign")) {
+            return resign();
         }
         throw new Exception("bad command " + quote(String.join(" ", w)));
     }

@@ -287,6 +287,135 @@ func millis(s string) (time.Duration, error) {
 	return time.Duration(v) * time.Millisecond, err
 }
 
+// The election this process campaigns in (`lead` or `follow`), on a session with a short TTL,
+// and an observer on a client of its own.
+var (
+	campaignClient *clientv3.Client
+	campaignCancel context.CancelFunc
+	campaignErr    = make(chan error, 1)
+	election       *concurrency.Election
+	observer       *contender
+	observed       <-chan clientv3.GetResponse
+)
+
+// campaign starts campaigning for `name` as `value` on a session of `ttl` seconds; the
+// returned channel closes when this process leads.
+func campaign(name, value string, ttl int) (<-chan struct{}, error) {
+	if campaignClient != nil {
+		return nil, fmt.Errorf("this harness already campaigns")
+	}
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints:   strings.Split(*endpoints, ","),
+		DialTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	session, err := concurrency.NewSession(client, concurrency.WithTTL(ttl))
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	campaignClient = client
+	election = concurrency.NewElection(session, "/"+name)
+	ctx, cancel := context.WithCancel(context.Background())
+	campaignCancel = cancel
+	leading := make(chan struct{})
+	go func() {
+		if err := election.Campaign(ctx, value); err != nil {
+			campaignErr <- err
+			return
+		}
+		close(leading)
+	}()
+	return leading, nil
+}
+
+func ttlSecs(s string) (int, error) {
+	ms, err := strconv.Atoi(s)
+	if err != nil || ms < 1000 {
+		return 0, fmt.Errorf("bad TTL %q (whole seconds, at least 1000 ms)", s)
+	}
+	return (ms + 999) / 1000, nil
+}
+
+// lead: campaign and answer once leading; the process then holds leadership until killed.
+func lead(name, value, ttl string) (interface{}, error) {
+	secs, err := ttlSecs(ttl)
+	if err != nil {
+		return nil, err
+	}
+	leading, err := campaign(name, value, secs)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-leading:
+		return map[string]interface{}{"ok": map[string]string{}}, nil
+	case err := <-campaignErr:
+		return nil, err
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("%s: not leading within 30 s", name)
+	}
+}
+
+// follow: campaign in the background and observe the election from another client.
+func follow(name, value, ttl string) (interface{}, error) {
+	secs, err := ttlSecs(ttl)
+	if err != nil {
+		return nil, err
+	}
+	c, err := connect()
+	if err != nil {
+		return nil, err
+	}
+	observer = c
+	observed = concurrency.NewElection(c.session, "/"+name).Observe(context.Background())
+	if _, err := campaign(name, value, secs); err != nil {
+		return nil, err
+	}
+	return map[string]interface{}{"ok": map[string]string{}}, nil
+}
+
+// observe: answer when the observer sees `value` lead.
+func observe(value string) (interface{}, error) {
+	if observed == nil {
+		return nil, fmt.Errorf("observe before follow")
+	}
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case resp, ok := <-observed:
+			if !ok {
+				return nil, fmt.Errorf("the observer stopped")
+			}
+			if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) == value {
+				return map[string]interface{}{"ok": map[string]string{}}, nil
+			}
+		case err := <-campaignErr:
+			return nil, err
+		case <-timeout:
+			return nil, fmt.Errorf("%s not seen leading within 60 s", value)
+		}
+	}
+}
+
+func resign() (interface{}, error) {
+	if election != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		election.Resign(ctx)
+		campaignCancel()
+		campaignClient.Close()
+		election, campaignClient = nil, nil
+	}
+	if observer != nil {
+		observer.close()
+		observer, observed = nil, nil
+	}
+	return map[string]interface{}{"ok": map[string]string{}}, nil
+}
+
 func run(words []string) (interface{}, error) {
 	bad := fmt.Errorf("bad command %q", strings.Join(words, " "))
 	switch {
@@ -311,6 +440,14 @@ func run(words []string) (interface{}, error) {
 			return nil, bad
 		}
 		return wake(words[1], samples, lo, hi)
+	case len(words) == 4 && words[0] == "lead":
+		return lead(words[1], words[2], words[3])
+	case len(words) == 4 && words[0] == "follow":
+		return follow(words[1], words[2], words[3])
+	case len(words) == 2 && words[0] == "observe":
+		return observe(words[1])
+	case len(words) == 1 && words[0] == "resign":
+		return resign()
 	}
 	return nil, bad
 }

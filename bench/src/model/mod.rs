@@ -6,8 +6,10 @@
 use serde::{Deserialize, Serialize};
 
 mod kind;
+mod prims;
 
 pub(crate) use self::kind::Kind;
+pub(crate) use self::prims::{FailoverRow, PermitRow, Primitives, Who};
 
 /// Percentiles of a latency distribution, in microseconds.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -48,6 +50,9 @@ pub(crate) struct Results {
     /// reports from before they were measured.
     #[serde(default)]
     pub(crate) libraries: Vec<LibraryResult>,
+    /// Semaphores and leader failover (sections 9 and 10); `None` when not run.
+    #[serde(default)]
+    pub(crate) primitives: Option<Primitives>,
 }
 
 impl Results {

@@ -5,7 +5,7 @@ use crate::model::{Results, Status};
 use crate::render::format::{or_dash, plural, rate, ratio, us};
 
 use super::template::{self, blocks};
-use super::{goals, libraries, sections, table, Block};
+use super::{goals, libraries, prims, sections, table, Block};
 
 pub(super) fn build(r: &Results) -> Vec<Block> {
     let mut doc = blocks("title", &[]);
@@ -19,6 +19,8 @@ pub(super) fn build(r: &Results) -> Vec<Block> {
     sections::many(r, &mut doc);
     libraries::peers(r, &mut doc);
     libraries::section(r, &mut doc);
+    prims::permits(r, &mut doc);
+    prims::failover(r, &mut doc);
     errors(r, &mut doc);
     doc.extend(blocks("method", &[]));
     doc

@@ -22,6 +22,8 @@ struct Goals {
     etcd_handoff_p99_us: f64,
     etcd_grants_per_sec: f64,
     same_handle_round_trips: f64,
+    permit_vs_peer: f64,
+    failover_vs_peer: f64,
 }
 
 /// A value of `goals.toml`: a number or a list of strings.
@@ -50,6 +52,8 @@ fn thresholds() -> &'static Goals {
             etcd_handoff_p99_us: num("etcd_hot.handoff_p99_us"),
             etcd_grants_per_sec: num("etcd_hot.grants_per_sec"),
             same_handle_round_trips: num("same_handle.round_trips"),
+            permit_vs_peer: num("primitives.permit_vs_peer"),
+            failover_vs_peer: num("primitives.failover_vs_peer"),
             ratio_backends: match values.remove("uncontended.backends") {
                 Some(Value::Strings(v)) => v,
                 _ => panic!("goals.toml: uncontended.backends must be a list of names"),
@@ -180,6 +184,7 @@ pub(super) fn section(r: &Results, doc: &mut Vec<Block>) {
         items.push(line);
     }
     items.extend(speed_goals(r));
+    items.extend(super::prims::goals(r, g.permit_vs_peer, g.failover_vs_peer));
     if items.is_empty() {
         items.push("Nothing measured.".into());
     }
@@ -412,7 +417,7 @@ fn warm_handoff(b: &BackendResult) -> String {
 }
 
 /// Words, not emoji: they read the same in every terminal, font and Markdown renderer.
-fn mark(ok: bool) -> &'static str {
+pub(super) fn mark(ok: bool) -> &'static str {
     if ok {
         "**met**:"
     } else {

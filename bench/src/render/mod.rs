@@ -17,6 +17,7 @@ mod format;
 mod goals;
 mod libraries;
 mod markup;
+mod prims;
 mod readme;
 mod sections;
 mod svg;

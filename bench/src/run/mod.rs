@@ -8,6 +8,7 @@ pub(crate) mod libraries;
 mod machine;
 mod peer;
 pub(crate) mod plan;
+pub(crate) mod prims;
 mod progress;
 mod scenarios;
 mod stats;
@@ -30,6 +31,7 @@ pub(crate) struct Selection<'a> {
     pub(crate) libraries: &'a [Library],
     /// The benchmark's arguments as given, for the report's header.
     pub(crate) args: &'a [String],
+    pub(crate) sections: crate::cli::Sections,
 }
 
 /// The one-line summaries printed under the progress bar as each backend and library
@@ -48,21 +50,38 @@ pub(crate) async fn all(sel: &Selection<'_>, lines: &Lines) -> Results {
         Plan::full()
     };
     let mut meta = collect_meta(sel.args, &plan);
-    let steps: usize = sel.kinds.iter().map(|&k| Plan::steps(k)).sum();
-    let progress =
-        Progress::new(steps + sel.peer as usize + sel.libraries.len() * libraries::STEPS);
+    let s = sel.sections;
+    let lock_libraries = sel.libraries.iter().filter(|l| l.locks()).count();
+    let steps: usize = match s.locks {
+        true => {
+            sel.kinds.iter().map(|&k| Plan::steps(k)).sum::<usize>()
+                + lock_libraries * libraries::STEPS
+        }
+        false => 0,
+    };
+    let prim_steps = prims::steps(sel.kinds, sel.libraries, s.permits, s.failover);
+    let progress = Progress::new(steps + sel.peer as usize + prim_steps);
 
     let mut backends = Vec::new();
-    for &kind in sel.kinds {
-        backends.push(run_backend(kind, &plan, &progress, lines.backend).await);
-    }
     let mut peers = Vec::new();
-    if sel.peer {
-        progress.stage("rslock", "peer cycle");
-        peers = peer::run(&plan, &progress, sel.kinds.contains(&Kind::Redlock)).await;
-        progress.step();
+    let mut libraries = Vec::new();
+    if s.locks {
+        for &kind in sel.kinds {
+            backends.push(run_backend(kind, &plan, &progress, lines.backend).await);
+        }
+        if sel.peer {
+            progress.stage("rslock", "peer cycle");
+            peers = peer::run(&plan, &progress, sel.kinds.contains(&Kind::Redlock)).await;
+            progress.step();
+        }
+        libraries = libraries::run(sel.libraries, &plan, &progress, &backends, lines.library).await;
     }
-    let libraries = libraries::run(sel.libraries, &plan, &progress, &backends, lines.library).await;
+    let primitives = if s.permits || s.failover {
+        let which = (s.permits, s.failover);
+        Some(prims::run(sel.kinds, sel.libraries, which, &plan, &progress).await)
+    } else {
+        None
+    };
     progress.finish();
 
     meta.duration_s = started.elapsed().as_secs_f64();
@@ -71,6 +90,7 @@ pub(crate) async fn all(sel: &Selection<'_>, lines: &Lines) -> Results {
         backends,
         peers,
         libraries,
+        primitives,
     }
 }
 

@@ -9,6 +9,10 @@
 //! section 8 take about 25 s each with the same plan (cycle slices against distlock's, one
 //! hot-lock level, the wake-ups), about two minutes for the five. The quick mode runs every
 //! scenario and the report writer in a few seconds per backend, in a debug build.
+//!
+//! Sections 9 and 10 add about 5 s per backend with semaphores and, per backend and election
+//! peer, one leader kill per sample: the lease (2 s, the same for all) plus a process start,
+//! about 3–4 s each (one sample in the quick mode, four in the full).
 
 use std::time::Duration;
 
@@ -47,6 +51,14 @@ pub(crate) struct Plan {
     pub(crate) many_window: Duration,
     /// The most acquiring (and, separately, releasing) them may take.
     pub(crate) many_budget: Duration,
+    /// Section 9: the semaphore size of the permit cycle, and of the contended run with its
+    /// contenders (which runs for `hot_for`).
+    pub(crate) permit_max: u32,
+    pub(crate) contended_max: u32,
+    pub(crate) permit_contenders: usize,
+    /// Section 10: leader kills per backend and peer, and the lease every leader has.
+    pub(crate) failover_samples: u32,
+    pub(crate) lease: Duration,
 }
 
 impl Plan {
@@ -76,6 +88,11 @@ impl Plan {
             many_ttl: Duration::from_secs(3),
             many_window: Duration::from_secs(4),
             many_budget: Duration::from_secs(30),
+            permit_max: 4,
+            contended_max: 2,
+            permit_contenders: 8,
+            lease: Duration::from_secs(2),
+            failover_samples: 4,
         }
     }
 
@@ -96,6 +113,11 @@ impl Plan {
             many_ttl: Duration::from_secs(3),
             many_window: Duration::from_secs(1),
             many_budget: Duration::from_secs(10),
+            permit_max: 4,
+            contended_max: 2,
+            permit_contenders: 8,
+            lease: Duration::from_secs(2),
+            failover_samples: 1,
         }
     }
 }

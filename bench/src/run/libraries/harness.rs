@@ -120,6 +120,12 @@ impl Harness {
     }
 
     async fn ask(&mut self, command: String) -> Res<Reply> {
+        let verb = self.send(&command).await?;
+        self.read(&verb).await
+    }
+
+    /// Writes `command` without waiting for its answer; returns its verb.
+    async fn send(&mut self, command: &str) -> Res<String> {
         if self.dead {
             return Err(format!("{}: stopped after an earlier timeout", self.program).into());
         }
@@ -129,7 +135,40 @@ impl Harness {
             .await
             .map_err(|e| format!("{}: cannot send {verb}: {e}", self.program))?;
         self.stdin.flush().await?;
-        self.read(&verb).await
+        Ok(verb)
+    }
+
+    /// Sends `command` and expects `{"ok":{}}`.
+    pub(crate) async fn ok(&mut self, command: String) -> Res<()> {
+        match self.ask(command).await? {
+            Reply::Ok {} => Ok(()),
+            other => Err(self.unexpected("an election command", &other).into()),
+        }
+    }
+
+    /// Sends `command`; its `{"ok":{}}` is read by [`Self::answered`].
+    pub(crate) async fn ask_later(&mut self, command: String) -> Res<()> {
+        self.send(&command).await.map(drop)
+    }
+
+    /// The `{"ok":{}}` answer of a command sent with [`Self::ask_later`].
+    pub(crate) async fn answered(&mut self) -> Res<()> {
+        match self.read("observe").await? {
+            Reply::Ok {} => Ok(()),
+            other => Err(self.unexpected("observe", &other).into()),
+        }
+    }
+
+    /// Kills the harness process with SIGKILL, as a crash would: its sessions and leases are
+    /// never closed, the server has to expire them. Does not wait for it to exit.
+    pub(crate) fn kill(&mut self) -> Res<()> {
+        if self.dead {
+            return Ok(());
+        }
+        self.dead = true;
+        self.child
+            .start_kill()
+            .map_err(|e| format!("{}: cannot kill it: {e}", self.program).into())
     }
 
     fn unexpected(&self, what: &str, reply: &Reply) -> String {
@@ -138,6 +177,7 @@ impl Harness {
             Reply::Cycle(_) => "cycle",
             Reply::Hot(_) => "hot",
             Reply::Wake(_) => "wake",
+            Reply::Ok {} => "ok",
             Reply::Error(_) => "error",
         };
         format!("{}: answered {what} with a {kind} reply", self.program)
@@ -185,6 +225,13 @@ impl Driver for Harness {
         {
             Reply::Wake(s) => s.recorder(),
             other => Err(self.unexpected("wake", &other).into()),
+        }
+    }
+
+    async fn permit(&mut self, name: &str, max: u32, run: Duration) -> Res<Measured> {
+        match self.ask(protocol::permit_command(name, max, run)?).await? {
+            Reply::Cycle(samples) => samples.measured(),
+            other => Err(self.unexpected("permit", &other).into()),
         }
     }
 

@@ -10,8 +10,8 @@
 //! bench's own statistics summarise them. A peer that is not installed is reported as skipped
 //! with the reason; the bench itself never installs anything.
 
-mod harness;
-mod protocol;
+pub(crate) mod harness;
+pub(crate) mod protocol;
 mod rslock;
 
 use std::path::{Path, PathBuf};
@@ -28,9 +28,9 @@ use crate::model::{BackendResult, LibraryMeasures, LibraryResult, ScenarioError}
 use crate::run::contention::HotRecord;
 use crate::run::plan::Plan;
 use crate::run::progress::Progress;
-use crate::run::scenarios::{self, run_for, unique_name, LockCycle, Measured, ACQUIRE_WAIT};
+use crate::run::scenarios::{self, run_for, unique_name, Cycle, LockCycle, Measured, ACQUIRE_WAIT};
 use crate::run::stats::Recorder;
-use crate::run::targets::{self, Kind, Target};
+use crate::run::targets::{self, Kind};
 use distlock_api::LockOptions;
 
 /// Progress steps per library: cycle, hot lock, wake-up.
@@ -52,6 +52,11 @@ pub(crate) trait Driver: Send {
         samples: u32,
         delay: (Duration, Duration),
     ) -> Res<Recorder>;
+    /// One client, take + release one permit of a `max`-permit semaphore on `name`, for
+    /// about `run` (section 9); an error where the library has no semaphore.
+    async fn permit(&mut self, _name: &str, _max: u32, _run: Duration) -> Res<Measured> {
+        Err("this library has no semaphore".into())
+    }
     /// Ends the harness.
     async fn close(self: Box<Self>);
 }
@@ -62,18 +67,36 @@ pub(crate) enum Library {
     Rslock,
     RedisPy,
     PythonRedisLock,
+    /// Node.js `redis-semaphore`: semaphores only (section 9).
+    RedisSemaphore,
     Curator,
     EtcdGo,
 }
 
 impl Library {
-    pub(crate) const ALL: [Library; 5] = [
+    pub(crate) const ALL: [Library; 6] = [
         Library::Rslock,
         Library::RedisPy,
         Library::PythonRedisLock,
+        Library::RedisSemaphore,
         Library::Curator,
         Library::EtcdGo,
     ];
+
+    /// Whether section 8 measures its lock.
+    pub(crate) fn locks(self) -> bool {
+        self != Library::RedisSemaphore
+    }
+
+    /// Whether section 9 measures its semaphore.
+    pub(crate) fn permits(self) -> bool {
+        matches!(self, Library::RedisSemaphore | Library::Curator)
+    }
+
+    /// Whether section 10 measures its leader election.
+    pub(crate) fn elections(self) -> bool {
+        matches!(self, Library::Curator | Library::EtcdGo)
+    }
 
     /// The `--only` name, also the JSON id and the install script's name for it.
     pub(crate) fn id(self) -> &'static str {
@@ -81,6 +104,7 @@ impl Library {
             Library::Rslock => "rslock",
             Library::RedisPy => "redis-py",
             Library::PythonRedisLock => "python-redis-lock",
+            Library::RedisSemaphore => "redis-semaphore",
             Library::Curator => "curator",
             Library::EtcdGo => "etcd-go",
         }
@@ -93,7 +117,10 @@ impl Library {
     /// The distlock backend on the same server.
     pub(crate) fn against(self) -> Kind {
         match self {
-            Library::Rslock | Library::RedisPy | Library::PythonRedisLock => Kind::Redis,
+            Library::Rslock
+            | Library::RedisPy
+            | Library::PythonRedisLock
+            | Library::RedisSemaphore => Kind::Redis,
             Library::Curator => Kind::Zk,
             Library::EtcdGo => Kind::Etcd,
         }
@@ -105,6 +132,7 @@ impl Library {
             Library::Rslock => "rslock",
             Library::RedisPy => "redis-py Lock",
             Library::PythonRedisLock => "python-redis-lock",
+            Library::RedisSemaphore => "redis-semaphore Semaphore",
             Library::Curator => "Apache Curator InterProcessMutex",
             Library::EtcdGo => "etcd clientv3/concurrency.Mutex",
         }
@@ -128,6 +156,7 @@ impl Library {
                  in BLPOP on a signal list that the release script (compare, delete, push, \
                  expire) pushes to; no fencing token"
             }
+            Library::RedisSemaphore => "semaphores only (section 9)",
             Library::Curator => {
                 "`InterProcessMutex.acquire()` + `release()`: a protected \
                  ephemeral-sequential node, the children listed, a watch on the predecessor \
@@ -154,6 +183,7 @@ impl Library {
             Library::RedisPy | Library::PythonRedisLock => {
                 "PyPI, in a venv under target/peers".into()
             }
+            Library::RedisSemaphore => "npm, under target/peers/node".into(),
             Library::Curator => deb("libcurator-recipes-java"),
             Library::EtcdGo => deb("golang-etcd-server-dev"),
         }
@@ -232,11 +262,29 @@ fn launch(lib: Library, dir: &Path, url: &str) -> Result<Launch, String> {
                 .arg(hosts(url, true));
             Ok(Launch::Process(cmd))
         }
+        Library::RedisSemaphore => {
+            let modules = need(dir.join("node/node_modules"))?;
+            need(modules.join("redis-semaphore/package.json"))?;
+            let node = on_path("node").ok_or_else(|| "no `node` on the PATH".to_string())?;
+            let mut cmd = Command::new(node);
+            cmd.arg(peers_src().join("node/harness.js"))
+                .arg(driver_url(url))
+                .env("NODE_PATH", modules);
+            Ok(Launch::Process(cmd))
+        }
         Library::EtcdGo => {
             let mut cmd = Command::new(need(dir.join("etcd-go/harness"))?);
             cmd.arg("-endpoints").arg(hosts(url, false));
             Ok(Launch::Process(cmd))
         }
+    }
+}
+
+/// How to start `lib`'s harness process against its server, or why it cannot run here.
+pub(crate) fn process(lib: Library) -> Result<Command, String> {
+    match launch(lib, &peers_dir(), &lib.against().url())? {
+        Launch::Process(cmd) => Ok(cmd),
+        Launch::InProcess(_) => Err("runs in the bench process".into()),
     }
 }
 
@@ -320,7 +368,10 @@ pub(crate) async fn run(
 ) -> Vec<LibraryResult> {
     let dir = peers_dir();
     let mut out = Vec::new();
-    for &lib in Library::ALL.iter().filter(|l| wanted.contains(l)) {
+    for &lib in Library::ALL
+        .iter()
+        .filter(|l| l.locks() && wanted.contains(l))
+    {
         let result = run_one(lib, &dir, plan, progress, backends).await;
         progress.note(&line(&result));
         out.push(result);
@@ -394,7 +445,15 @@ async fn run_one(
     let ours = backends.iter().find(|b| b.id == kind.id() && b.available());
 
     progress.stage(lib.id(), "uncontended cycle, alternating with distlock's");
-    match scenarios::bounded(limit, cycles(&mut *driver, &*target, plan)).await {
+    let cycled = async {
+        let mut ours = LockCycle {
+            lock: target.client().await?,
+            name: unique_name("library-distlock-cycle"),
+            opts: LockOptions::new().wait(ACQUIRE_WAIT),
+        };
+        cycles(&mut *driver, &mut ours, None, plan).await
+    };
+    match scenarios::bounded(limit, cycled).await {
         Ok((theirs, mine)) => {
             result.peer.cycles_per_sec = theirs.per_sec();
             result.peer.cycle = Some(theirs.latencies.summary());
@@ -461,18 +520,15 @@ fn fail(result: &mut LibraryResult, what: &str, e: crate::error::BoxError) {
     });
 }
 
-/// The peer's cycle and distlock's on the same server, in alternating slices after a warm-up
-/// (four times the plan's for the peer: a JVM compiles its hot paths in that time).
-async fn cycles(
+/// The peer's cycle and distlock's `ours` on the same server, in alternating slices after a
+/// warm-up (four times the plan's for the peer: a JVM compiles its hot paths in that time). The
+/// peer's lock cycle, or with `permits` its permit cycle on a semaphore of that many.
+pub(crate) async fn cycles(
     driver: &mut dyn Driver,
-    target: &dyn Target,
+    ours: &mut dyn Cycle,
+    permits: Option<u32>,
     plan: &Plan,
 ) -> Res<(Measured, Measured)> {
-    let mut ours = LockCycle {
-        lock: target.client().await?,
-        name: unique_name("library-distlock-cycle"),
-        opts: LockOptions::new().wait(ACQUIRE_WAIT),
-    };
     let peer_name = unique_name("library-peer-cycle");
     let mut theirs = Measured {
         latencies: Recorder::new(),
@@ -482,73 +538,20 @@ async fn cycles(
         latencies: Recorder::new(),
         busy: Duration::ZERO,
     };
-    driver.cycle(&peer_name, plan.warmup * 4).await?;
-    run_for(&mut ours, plan.warmup, None).await?;
+    let mut peer = async |run: Duration| match permits {
+        None => driver.cycle(&peer_name, run).await,
+        Some(max) => driver.permit(&peer_name, max, run).await,
+    };
+    peer(plan.warmup * 4).await?;
+    run_for(ours, plan.warmup, None).await?;
     for _ in 0..plan.slices {
-        let slice = driver.cycle(&peer_name, plan.slice).await?;
+        let slice = peer(plan.slice).await?;
         theirs.latencies.merge(&slice.latencies);
         theirs.busy += slice.busy;
-        mine.busy += run_for(&mut ours, plan.slice, Some(&mut mine.latencies)).await?;
+        mine.busy += run_for(ours, plan.slice, Some(&mut mine.latencies)).await?;
     }
     Ok((theirs, mine))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_round_trip_and_name_their_server() {
-        for lib in Library::ALL {
-            assert_eq!(Library::from_id(lib.id()), Some(lib));
-        }
-        assert_eq!(Library::from_id("redis"), None);
-        assert_eq!(Library::Curator.against(), Kind::Zk);
-        assert_eq!(Library::EtcdGo.against(), Kind::Etcd);
-        assert_eq!(Library::PythonRedisLock.against(), Kind::Redis);
-    }
-
-    #[test]
-    fn server_urls_become_what_each_client_takes() {
-        assert_eq!(hosts("zk://127.0.0.1:2181", true), "127.0.0.1:2181");
-        assert_eq!(hosts("zk://a:1,b:2/chroot?x=1", true), "a:1,b:2/chroot");
-        assert_eq!(hosts("etcd://127.0.0.1:2379/", false), "127.0.0.1:2379");
-        assert_eq!(hosts("etcd://a:1,b:2/prefix", false), "a:1,b:2");
-        assert_eq!(
-            driver_url("redis://127.0.0.1:6379/0?ttl=5s"),
-            "redis://127.0.0.1:6379/0"
-        );
-    }
-
-    #[test]
-    fn versions_are_read_from_cargo_lock() {
-        let lock = "[[package]]\nname = \"redis\"\nversion = \"1.8.1\"\n\n\
-                    [[package]]\nname = \"rslock\"\nversion = \"0.10.0\"\nsource = \"x\"\n";
-        assert_eq!(locked_version(lock, "rslock").as_deref(), Some("0.10.0"));
-        assert_eq!(locked_version(lock, "redis").as_deref(), Some("1.8.1"));
-        assert_eq!(locked_version(lock, "tokio"), None);
-        // The real one names the rslock this bench is built with.
-        assert!(rslock_version().starts_with("0.10"), "{}", rslock_version());
-    }
-
-    #[test]
-    fn a_peer_not_installed_is_skipped_with_the_reason() {
-        let dir = std::env::temp_dir().join(format!("distlock-peers-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let reason = |lib| launch(lib, &dir, "zk://127.0.0.1:2181").err();
-        for lib in [Library::Curator, Library::EtcdGo, Library::RedisPy] {
-            assert_eq!(reason(lib).as_deref(), Some(NOT_INSTALLED), "{lib:?}");
-        }
-        std::fs::write(
-            dir.join("etcd-go.skipped"),
-            "go build failed (see install.log)\n",
-        )
-        .unwrap();
-        assert_eq!(
-            reason(Library::EtcdGo).as_deref(),
-            Some("could not be installed: go build failed (see install.log)")
-        );
-        assert!(reason(Library::Rslock).is_none(), "rslock is a dependency");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

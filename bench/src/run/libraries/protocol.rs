@@ -23,6 +23,8 @@ pub(crate) enum Reply {
     Cycle(Samples),
     Hot(RawHot),
     Wake(Samples),
+    /// An election command (`lead`, `follow`, `observe`, `resign`) did what it says.
+    Ok {},
     /// The command failed; the harness goes on reading commands.
     Error(String),
 }
@@ -139,6 +141,28 @@ pub(crate) fn cycle_command(name: &str, run: Duration) -> Res<String> {
     Ok(format!("cycle {} {}", word(name)?, ms(run)))
 }
 
+/// `permit NAME MAX MILLIS`: one client, take + release one permit of a MAX-permit
+/// semaphore on NAME until MILLIS have passed.
+pub(crate) fn permit_command(name: &str, max: u32, run: Duration) -> Res<String> {
+    Ok(format!("permit {} {max} {}", word(name)?, ms(run)))
+}
+
+/// `lead NAME VALUE TTL_MS`, `follow NAME VALUE TTL_MS`: campaign on a session or lease of
+/// TTL_MS; `lead` answers once leading, `follow` at once.
+pub(crate) fn campaign_command(verb: &str, name: &str, value: &str, ttl: Duration) -> Res<String> {
+    Ok(format!(
+        "{verb} {} {} {}",
+        word(name)?,
+        word(value)?,
+        ms(ttl)
+    ))
+}
+
+/// `observe VALUE`: answers when the follower's observer sees VALUE lead.
+pub(crate) fn observe_command(value: &str) -> Res<String> {
+    Ok(format!("observe {}", word(value)?))
+}
+
 /// `hot NAME CLIENTS MILLIS`: CLIENTS contenders on NAME for MILLIS.
 pub(crate) fn hot_command(name: &str, clients: usize, run: Duration) -> Res<String> {
     Ok(format!("hot {} {clients} {}", word(name)?, ms(run)))
@@ -243,6 +267,13 @@ mod tests {
             "wake w 25 100 400"
         );
         assert!(cycle_command("a b", d(1)).is_err());
+        assert_eq!(permit_command("s", 4, d(200)).unwrap(), "permit s 4 200");
+        assert_eq!(
+            campaign_command("lead", "e", "A", d(2000)).unwrap(),
+            "lead e A 2000"
+        );
+        assert_eq!(observe_command("B").unwrap(), "observe B");
+        assert!(matches!(parse(r#"{"ok":{}}"#).unwrap(), Reply::Ok {}));
         assert!(cycle_command("", d(1)).is_err());
     }
 }

@@ -36,9 +36,13 @@ struct Shared {
     release: Mutex<Recorder>,
     /// Hand-offs that went back to the client that had just released.
     self_regrants: AtomicU64,
-    /// How many benchmark clients believe they hold the lock: more than one is a violation.
+    /// How many benchmark clients believe they hold the lock: more than `max` is a violation.
     holders: AtomicUsize,
     violations: AtomicUsize,
+    /// The most holders at once.
+    peak: AtomicUsize,
+    /// `None` for the lock, `Some(max)` for permits of a semaphore of `max`.
+    permits: Option<u32>,
 }
 
 struct ClientStats {
@@ -92,13 +96,53 @@ pub(super) async fn run_one_handle(
     counted(target, contend(vec![lock; tasks], plan)).await
 }
 
+/// Section 9's contended run: `clients` clients on a semaphore of `max` permits, releasing as
+/// soon as they hold one; a violation is a grant while `max` others held. Also returns the
+/// most permits held at once.
+pub(crate) async fn permits(
+    target: &dyn Target,
+    plan: &Plan,
+    clients: usize,
+    max: u32,
+) -> Res<(HotLevel, usize)> {
+    let locks = try_join_all((0..clients).map(|_| target.client())).await?;
+    contend_as(locks, plan, Some(max)).await
+}
+
 async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLevel> {
+    Ok(contend_as(locks, plan, None).await?.0)
+}
+
+/// A lock or a permit of `name`, waiting.
+async fn take(
+    lock: &distlock_api::SharedLock,
+    name: &str,
+    opts: &LockOptions,
+    permits: Option<u32>,
+) -> Res<distlock_api::LockGuard> {
+    Ok(match permits {
+        None => lock.lock_with(name, opts).await?,
+        Some(max) => lock.permit(name, max, opts).await?,
+    })
+}
+
+async fn contend_as(
+    locks: Vec<distlock_api::SharedLock>,
+    plan: &Plan,
+    permits: Option<u32>,
+) -> Res<(HotLevel, usize)> {
     let clients = locks.len();
-    let name = unique_name("hot");
+    let name = unique_name(if permits.is_some() { "permits" } else { "hot" });
     // Steady state, as in every other scenario: the name's server-side state (a counter
     // document, a container node) exists before the contenders arrive.
     if let Some(first) = locks.first() {
-        lock_cycle(first, &name, &LockOptions::new().wait(ACQUIRE_WAIT)).await?;
+        let opts = LockOptions::new().wait(ACQUIRE_WAIT);
+        match permits {
+            None => lock_cycle(first, &name, &opts).await?,
+            Some(_) => {
+                take(first, &name, &opts, permits).await?.release().await?;
+            }
+        }
     }
     let shared = Arc::new(Shared {
         name,
@@ -111,7 +155,10 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
         self_regrants: AtomicU64::new(0),
         holders: AtomicUsize::new(0),
         violations: AtomicUsize::new(0),
+        peak: AtomicUsize::new(0),
+        permits,
     });
+    let max = permits.map_or(1, |m| m as usize);
     let tasks: Vec<_> = locks
         .into_iter()
         .enumerate()
@@ -125,11 +172,13 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
                 };
                 while !s.stop.load(Ordering::Relaxed) {
                     let asked = Instant::now();
-                    let guard = lock.lock_with(&s.name, &s.opts).await?;
+                    let guard = take(&lock, &s.name, &s.opts, s.permits).await?;
                     let granted = Instant::now();
-                    if s.holders.fetch_add(1, Ordering::SeqCst) != 0 {
+                    let others = s.holders.fetch_add(1, Ordering::SeqCst);
+                    if others >= max {
                         s.violations.fetch_add(1, Ordering::SeqCst);
                     }
+                    s.peak.fetch_max(others + 1, Ordering::SeqCst);
                     stats.waits.record(granted - asked);
                     stats.grants += 1;
                     let released = lock_ok(&s.released_at).take();
@@ -167,7 +216,7 @@ async fn contend(locks: Vec<distlock_api::SharedLock>, plan: &Plan) -> Res<HotLe
     record.self_regrants = shared.self_regrants.load(Ordering::Relaxed);
     record.violations = shared.violations.load(Ordering::SeqCst) as u64;
     record.check()?;
-    Ok(record.summary())
+    Ok((record.summary(), shared.peak.load(Ordering::SeqCst)))
 }
 
 /// These mutexes guard plain values updated in one step; a poisoned one is still consistent.

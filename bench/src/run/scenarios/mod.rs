@@ -21,7 +21,10 @@ use crate::run::plan::Plan;
 use crate::run::progress::Progress;
 use crate::run::targets::{run_id, Kind, Target};
 
-pub(crate) use uncontended::{measure_cycles, run_for, Cycle, LockCycle, Measured};
+pub(crate) use hot::permits;
+pub(crate) use uncontended::{
+    measure_cycles, run_for, Cycle, LockCycle, Measured, PermitCycle, TryCycle,
+};
 
 /// How long acquires in the scenarios may wait: far beyond any hand-off, so a timeout means a
 /// stuck backend, not a slow one.

@@ -100,9 +100,10 @@ impl Cycle for LockCycle {
     }
 }
 
-struct TryCycle {
-    lock: SharedLock,
-    name: String,
+/// `try_lock(name)` + `release()`.
+pub(crate) struct TryCycle {
+    pub(crate) lock: SharedLock,
+    pub(crate) name: String,
 }
 
 #[async_trait]
@@ -115,6 +116,29 @@ impl Cycle for TryCycle {
             .ok_or_else(|| format!("{}: uncontended try_lock found it held", self.name))?;
         if !guard.release().await? {
             return Err(format!("{}: release found the lock no longer held", self.name).into());
+        }
+        Ok(())
+    }
+}
+
+/// `try_permit(name, max)` + `release()` on a free semaphore of `max` permits.
+pub(crate) struct PermitCycle {
+    pub(crate) lock: SharedLock,
+    pub(crate) name: String,
+    pub(crate) max: u32,
+    pub(crate) opts: LockOptions,
+}
+
+#[async_trait]
+impl Cycle for PermitCycle {
+    async fn once(&mut self) -> Res<()> {
+        let guard = self
+            .lock
+            .try_permit(&self.name, self.max, &self.opts)
+            .await?
+            .ok_or_else(|| format!("{}: uncontended try_permit found none free", self.name))?;
+        if !guard.release().await? {
+            return Err(format!("{}: release found the permit no longer held", self.name).into());
         }
         Ok(())
     }

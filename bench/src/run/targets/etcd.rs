@@ -83,6 +83,12 @@ impl Target for EtcdTarget {
         Ok(Arc::new(EtcdLock::connect(self.config.clone()).await?))
     }
 
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            EtcdLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
     /// The gRPC request messages the first member has received (`grpc_server_msg_received_total`
     /// of its `/metrics`, unary calls and stream messages alike).
     async fn server_requests(&self) -> Res<Option<u64>> {

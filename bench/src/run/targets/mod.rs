@@ -21,10 +21,18 @@ pub(crate) use crate::model::Kind;
 pub(crate) use self::private::PrivateRedis;
 pub(crate) use self::redis::redlock_urls;
 
-/// This run's id: the process id and a random number, in hex.
+/// The variable that hands this run's id to the leader processes of section 10, so that they
+/// use the run's names and its MongoDB database.
+pub(crate) const RUN_ID_VAR: &str = "DISTLOCK_BENCH_RUN_ID";
+
+/// This run's id: the process id and a random number, in hex (or the id of the run that
+/// started this process, from [`RUN_ID_VAR`]).
 pub(crate) fn run_id() -> &'static str {
     static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    RUN.get_or_init(|| format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)))
+    RUN.get_or_init(|| match std::env::var(RUN_ID_VAR) {
+        Ok(id) if !id.is_empty() => id,
+        _ => format!("{:x}_{:04x}", std::process::id(), fastrand::u16(..)),
+    })
 }
 
 /// The longest a backend may take to connect before the report calls it unavailable. Backends
@@ -99,6 +107,12 @@ pub(crate) trait Target: Send + Sync {
     /// A fresh client handle, with its own connections or session, as a separate process
     /// would have.
     async fn client(&self) -> Res<SharedLock>;
+
+    /// The same with `ttl` as its default lease (the session timeout on ZooKeeper, the client
+    /// lease on etcd): what a leader in section 10 holds. In-process, there is none.
+    async fn client_ttl(&self, _ttl: Duration) -> Res<SharedLock> {
+        Err("the in-process store has no lease setting of its own".into())
+    }
 
     /// A raw driver connection running the floor.
     async fn floor(&self) -> Res<Box<dyn Floor>>;

@@ -64,6 +64,12 @@ impl Target for MongoTarget {
         Ok(Arc::new(MongoLock::connect(self.config.clone()).await?))
     }
 
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            MongoLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
     /// The sum of `serverStatus`' opcounters (every operation and command received), less the
     /// `serverStatus` asking; `None` where the server does not keep them.
     async fn server_requests(&self) -> Res<Option<u64>> {

@@ -53,6 +53,12 @@ impl Target for MysqlTarget {
         Ok(Arc::new(MysqlLock::connect(self.config.clone()).await?))
     }
 
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            MysqlLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
     /// The server's `Questions` status: statements sent by clients, less the one asking.
     async fn server_requests(&self) -> Res<Option<u64>> {
         let mut conn = self.config.connect_options().connect().await?;

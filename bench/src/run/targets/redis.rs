@@ -58,6 +58,12 @@ impl Target for RedisTarget {
         Ok(Arc::new(RedisLock::connect(self.config.clone()).await?))
     }
 
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            RedisLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
     async fn server_requests(&self) -> Res<Option<u64>> {
         Ok(Some(commands_processed(&self.raw_url).await?))
     }
@@ -115,6 +121,12 @@ impl Target for RedlockTarget {
 
     async fn client(&self) -> Res<SharedLock> {
         Ok(Arc::new(RedLock::connect(self.config.clone()).await?))
+    }
+
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            RedLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
     }
 
     async fn server_requests(&self) -> Res<Option<u64>> {

@@ -74,6 +74,12 @@ impl Target for ZkTarget {
         Ok(Arc::new(ZkLock::connect(self.config.clone()).await?))
     }
 
+    async fn client_ttl(&self, ttl: std::time::Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            ZkLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
     /// The `Received:` packet count of `srvr` (requests and session pings).
     async fn server_requests(&self) -> Res<Option<u64>> {
         let answer = self.srvr().await?;
