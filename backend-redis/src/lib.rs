@@ -3,6 +3,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod backend;
+mod cluster;
 mod config;
 mod keys;
 mod notices;

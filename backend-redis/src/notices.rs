@@ -23,7 +23,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::Endpoint;
+use crate::cluster::ClusterSpec;
+use crate::config::{Endpoint, Options};
 use crate::ops::driver_error;
 
 /// How long the manager waits before reconnecting after a failed connect, at first and at most.
@@ -61,6 +62,8 @@ struct Channel {
 enum Kick {
     Changed,
     Disconnected(u64),
+    /// The server dropped a shard channel's subscription (its slot moved to another node).
+    Dropped(String),
 }
 
 /// Connection settings the manager needs.
@@ -69,6 +72,10 @@ pub(crate) struct HubConfig {
     pub(crate) backend: &'static str,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// A Redis Cluster's seeds and options: release notices come through shard channels
+    /// (`SSUBSCRIBE`) on the driver's cluster connection, which sends each to the node that
+    /// owns the channel's slot and subscribes again after a reconnect.
+    pub(crate) cluster: Option<(ClusterSpec, Options)>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -215,8 +222,40 @@ impl Drop for Subscription {
 }
 
 struct Conn {
-    sink: PubSubSink,
+    sink: Sink,
     reader: JoinHandle<()>,
+}
+
+enum Sink {
+    Single(PubSubSink),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[String]) -> redis::RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.subscribe(channels).await,
+            // One channel per command: channels of different names live in different slots.
+            Sink::Cluster(c) => {
+                for channel in channels {
+                    c.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[String]) -> redis::RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.unsubscribe(channels).await,
+            Sink::Cluster(c) => {
+                for channel in channels {
+                    c.sunsubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 struct Manager {
@@ -259,10 +298,15 @@ impl Manager {
     }
 
     fn absorb(&mut self, kick: Kick) {
-        if let Kick::Disconnected(generation) = kick {
-            if generation == self.generation {
+        match kick {
+            Kick::Disconnected(generation) if generation == self.generation => {
                 self.drop_connection();
             }
+            // Subscribed again by the next reconcile if a waiter still wants it.
+            Kick::Dropped(channel) => {
+                self.subscribed.remove(&channel);
+            }
+            _ => {}
         }
     }
 
@@ -350,6 +394,9 @@ impl Manager {
     }
 
     async fn connect(&mut self) -> Result<()> {
+        if self.config.cluster.is_some() {
+            return self.connect_cluster().await;
+        }
         let c = &self.config;
         let pubsub =
             match tokio::time::timeout(c.connect_timeout, c.endpoint.client.get_async_pubsub())
@@ -378,7 +425,50 @@ impl Manager {
             self.generation,
             self.kick_sender(),
         ));
-        self.conn = Some(Conn { sink, reader });
+        self.conn = Some(Conn {
+            sink: Sink::Single(sink),
+            reader,
+        });
+        Ok(())
+    }
+
+    /// A cluster connection of its own (RESP3, its pushes to a reader) for shard channels.
+    async fn connect_cluster(&mut self) -> Result<()> {
+        let c = &self.config;
+        let Some((spec, options)) = &c.cluster else {
+            return Ok(());
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let connecting = async {
+            let client = spec.client(options, Some(tx)).await?;
+            client.get_async_connection().await
+        };
+        let limit = c.connect_timeout + c.response_timeout;
+        let conn = match tokio::time::timeout(limit, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(driver_error(c.backend, &c.endpoint, "pub/sub connect", e)),
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "pub/sub connect to {} took longer than {limit:?}",
+                        c.endpoint.display
+                    ),
+                )
+                .with_backend(c.backend))
+            }
+        };
+        self.generation += 1;
+        let reader = tokio::spawn(read_pushes(
+            self.shared.clone(),
+            rx,
+            self.generation,
+            self.kick_sender(),
+        ));
+        self.conn = Some(Conn {
+            sink: Sink::Cluster(conn),
+            reader,
+        });
         Ok(())
     }
 
@@ -454,6 +544,53 @@ async fn read(
         let st = lock(&shared.state);
         if let Some(ch) = st.channels.get(msg.get_channel_name()) {
             ch.events.send_modify(|n| *n += 1);
+        }
+    }
+    if let Some(kick) = kick.and_then(|k| k.upgrade()) {
+        let _ = kick.send(Kick::Disconnected(generation));
+    }
+}
+
+/// The cluster connection's reader: shard messages to their channel's waiters; a node's
+/// connection lost (the driver reconnects and subscribes again) wakes every waiter, as a
+/// message may have been lost; a shard channel the server dropped (its slot moved) wakes its
+/// waiters and is subscribed again.
+async fn read_pushes(
+    shared: Weak<Shared>,
+    mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    generation: u64,
+    kick: Option<mpsc::WeakUnboundedSender<Kick>>,
+) {
+    use redis::PushKind;
+    while let Some(push) = pushes.recv().await {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let channel = push
+            .data
+            .first()
+            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+        let st = lock(&shared.state);
+        match (push.kind, channel) {
+            (PushKind::SMessage | PushKind::Message, Some(channel)) => {
+                if let Some(ch) = st.channels.get(&channel) {
+                    ch.events.send_modify(|n| *n += 1);
+                }
+            }
+            (PushKind::SUnsubscribe, Some(channel)) => {
+                if let Some(ch) = st.channels.get(&channel) {
+                    ch.events.send_modify(|n| *n += 1);
+                    if let Some(kick) = kick.as_ref().and_then(|k| k.upgrade()) {
+                        let _ = kick.send(Kick::Dropped(channel));
+                    }
+                }
+            }
+            (PushKind::Disconnection, _) => {
+                for ch in st.channels.values() {
+                    ch.events.send_modify(|n| *n += 1);
+                }
+            }
+            _ => {}
         }
     }
     if let Some(kick) = kick.and_then(|k| k.upgrade()) {
