@@ -112,7 +112,12 @@ pub(crate) fn parse_url(
         };
         let seeds = hosts
             .split(',')
-            .map(|h| endpoint(&format!("{scheme}://{userinfo}{}{query}", h.trim()), options))
+            .map(|h| {
+                endpoint(
+                    &format!("{scheme}://{userinfo}{}{query}", h.trim()),
+                    options,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let display = format!(
             "cluster {}",
@@ -294,7 +299,9 @@ impl Server {
         let mut replies = Vec::new();
         for (host, port) in primaries(c).await.map_err(|e| self.error("nodes", e))? {
             let to = SingleNodeRoutingInfo::ByAddress { host, port };
-            let reply = c.route_command(cmd.clone(), RoutingInfo::SingleNode(to)).await;
+            let reply = c
+                .route_command(cmd.clone(), RoutingInfo::SingleNode(to))
+                .await;
             replies.push(reply.map_err(|e| self.error("command", e))?);
         }
         Ok(replies)
@@ -303,10 +310,7 @@ impl Server {
 
 /// The primaries of the cluster, as `CLUSTER SLOTS` names them (`host`, `port`).
 async fn primaries(c: &mut ClusterConnection) -> redis::RedisResult<Vec<(String, u16)>> {
-    let slots: Vec<Vec<Value>> = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(c)
-        .await?;
+    let slots: Vec<Vec<Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
     let mut nodes = Vec::new();
     for range in slots {
         let Some(Value::Array(primary)) = range.get(2) else {
@@ -315,7 +319,8 @@ async fn primaries(c: &mut ClusterConnection) -> redis::RedisResult<Vec<(String,
         let (Some(host), Some(Value::Int(port))) = (primary.first(), primary.get(1)) else {
             continue;
         };
-        let host: String = redis::from_redis_value(host.clone()).map_err(redis::RedisError::from)?;
+        let host: String =
+            redis::from_redis_value(host.clone()).map_err(redis::RedisError::from)?;
         if let Ok(port) = u16::try_from(*port) {
             if !nodes.contains(&(host.clone(), port)) {
                 nodes.push((host, port));
@@ -325,3 +330,37 @@ async fn primaries(c: &mut ClusterConnection) -> redis::RedisResult<Vec<(String,
     Ok(nodes)
 }
 
+#[cfg(test)]
+mod tests {
+    use distlock_api::ErrorKind;
+
+    use crate::RedisConfig;
+
+    #[test]
+    fn cluster_urls_name_their_seeds() {
+        let c = RedisConfig::from_url(
+            "redis+cluster://u:pw@127.0.0.1:7000, 127.0.0.1:7001?key_prefix=app&map_seeds=true",
+        )
+        .unwrap();
+        assert!(c.is_cluster());
+        assert_eq!(c.endpoint(), "cluster 127.0.0.1:7000,127.0.0.1:7001");
+        let spec = c.cluster.as_ref().unwrap();
+        assert!(spec.map_seeds);
+        assert_eq!(spec.seeds.len(), 2);
+        assert_eq!(c.options.key_prefix, "app");
+        assert!(!format!("{c:?}").contains("pw"));
+        assert!(!RedisConfig::from_url("redis://h:1").unwrap().is_cluster());
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://h:1,,h:2",
+            "redis+cluster://h:1/2",
+            "redis+cluster://h:x",
+            "redis+cluster://h:1?default_ttl=10",
+        ] {
+            let e = RedisConfig::from_url(bad).expect_err(bad);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}");
+        }
+        let tls = RedisConfig::from_url("rediss+cluster://h:1");
+        assert_eq!(tls.is_ok(), cfg!(feature = "tls"));
+    }
+}

@@ -10,9 +10,9 @@ use futures::FutureExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
+use crate::cluster::Conn;
 use crate::config::{Endpoint, Options};
 use crate::keys::KeySpace;
-use crate::cluster::Conn;
 use crate::scripts::{self, LockScripts, PermitScripts};
 
 /// What the acquire script answered.
@@ -164,7 +164,10 @@ impl Server {
 
     /// Whether this is a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(&*self.conn.read().unwrap_or_else(PoisonError::into_inner), Conn::Cluster(_))
+        matches!(
+            &*self.conn.read().unwrap_or_else(PoisonError::into_inner),
+            Conn::Cluster(_)
+        )
     }
 
     /// Loads every script once up front, so the first lock call is one EVALSHA.

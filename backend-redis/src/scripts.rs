@@ -143,7 +143,10 @@ mod tests {
         for (plain, sharded) in all(false).iter().zip(all(true)) {
             assert!(!sharded.source.contains("redis.call('publish'"));
             let publishes = plain.source.matches("redis.call('publish'").count();
-            assert_eq!(sharded.source.matches("redis.call('spublish'").count(), publishes);
+            assert_eq!(
+                sharded.source.matches("redis.call('spublish'").count(),
+                publishes
+            );
         }
         assert!(CLUSTER_LOCK.release.source.contains("spublish"));
         assert!(CLUSTER_PERMIT.release.source.contains("spublish"));

@@ -32,7 +32,11 @@ impl Server {
 
     async fn subscribers(&self, name: &LockName) -> Result<usize> {
         // A cluster's waiters listen on shard channels, counted by the slot's primary.
-        let numsub = if self.is_cluster() { "SHARDNUMSUB" } else { "NUMSUB" };
+        let numsub = if self.is_cluster() {
+            "SHARDNUMSUB"
+        } else {
+            "NUMSUB"
+        };
         let cmd = redis::cmd("PUBSUB")
             .arg(numsub)
             .arg(self.keys.channel(name))

@@ -27,6 +27,8 @@ use crate::cluster::ClusterSpec;
 use crate::config::{Endpoint, Options};
 use crate::ops::driver_error;
 
+mod shard;
+
 /// How long the manager waits before reconnecting after a failed connect, at first and at most.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
@@ -432,46 +434,6 @@ impl Manager {
         Ok(())
     }
 
-    /// A cluster connection of its own (RESP3, its pushes to a reader) for shard channels.
-    async fn connect_cluster(&mut self) -> Result<()> {
-        let c = &self.config;
-        let Some((spec, options)) = &c.cluster else {
-            return Ok(());
-        };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let connecting = async {
-            let client = spec.client(options, Some(tx)).await?;
-            client.get_async_connection().await
-        };
-        let limit = c.connect_timeout + c.response_timeout;
-        let conn = match tokio::time::timeout(limit, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(driver_error(c.backend, &c.endpoint, "pub/sub connect", e)),
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "pub/sub connect to {} took longer than {limit:?}",
-                        c.endpoint.display
-                    ),
-                )
-                .with_backend(c.backend))
-            }
-        };
-        self.generation += 1;
-        let reader = tokio::spawn(read_pushes(
-            self.shared.clone(),
-            rx,
-            self.generation,
-            self.kick_sender(),
-        ));
-        self.conn = Some(Conn {
-            sink: Sink::Cluster(conn),
-            reader,
-        });
-        Ok(())
-    }
-
     fn kick_sender(&self) -> Option<mpsc::WeakUnboundedSender<Kick>> {
         self.shared.upgrade().map(|s| s.kick.downgrade())
     }
@@ -544,53 +506,6 @@ async fn read(
         let st = lock(&shared.state);
         if let Some(ch) = st.channels.get(msg.get_channel_name()) {
             ch.events.send_modify(|n| *n += 1);
-        }
-    }
-    if let Some(kick) = kick.and_then(|k| k.upgrade()) {
-        let _ = kick.send(Kick::Disconnected(generation));
-    }
-}
-
-/// The cluster connection's reader: shard messages to their channel's waiters; a node's
-/// connection lost (the driver reconnects and subscribes again) wakes every waiter, as a
-/// message may have been lost; a shard channel the server dropped (its slot moved) wakes its
-/// waiters and is subscribed again.
-async fn read_pushes(
-    shared: Weak<Shared>,
-    mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
-    generation: u64,
-    kick: Option<mpsc::WeakUnboundedSender<Kick>>,
-) {
-    use redis::PushKind;
-    while let Some(push) = pushes.recv().await {
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        let channel = push
-            .data
-            .first()
-            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
-        let st = lock(&shared.state);
-        match (push.kind, channel) {
-            (PushKind::SMessage | PushKind::Message, Some(channel)) => {
-                if let Some(ch) = st.channels.get(&channel) {
-                    ch.events.send_modify(|n| *n += 1);
-                }
-            }
-            (PushKind::SUnsubscribe, Some(channel)) => {
-                if let Some(ch) = st.channels.get(&channel) {
-                    ch.events.send_modify(|n| *n += 1);
-                    if let Some(kick) = kick.as_ref().and_then(|k| k.upgrade()) {
-                        let _ = kick.send(Kick::Dropped(channel));
-                    }
-                }
-            }
-            (PushKind::Disconnection, _) => {
-                for ch in st.channels.values() {
-                    ch.events.send_modify(|n| *n += 1);
-                }
-            }
-            _ => {}
         }
     }
     if let Some(kick) = kick.and_then(|k| k.upgrade()) {
