@@ -77,12 +77,22 @@ impl RedisLock {
         if let Some(owner) = &config.options.client.owner {
             core = core.with_owner(owner.clone());
         }
-        let server = Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?;
+        let server = match &config.cluster {
+            Some(spec) => {
+                Server::connect_cluster(spec, &config.endpoint, &config.options, Self::BACKEND)
+                    .await?
+            }
+            None => Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?,
+        };
         let hub = Hub::new(HubConfig {
             endpoint: config.endpoint.clone(),
             backend: Self::BACKEND,
             connect_timeout: config.options.client.connect_timeout,
             response_timeout: config.options.client.operation_timeout,
+            cluster: config
+                .cluster
+                .as_ref()
+                .map(|spec| (spec.clone(), config.options.clone())),
         });
         Ok(Self {
             core,

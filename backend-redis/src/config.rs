@@ -7,6 +7,7 @@ use std::time::Duration;
 use distlock_api::config::{redact, ConfigUrl};
 use distlock_api::{ClientOptions, Error, ErrorKind, LockName, Result, DEFAULT_TTL};
 
+use crate::cluster::ClusterSpec;
 use crate::keys::{check_prefix, KeySpace};
 
 /// The key prefix used unless configured otherwise.
@@ -217,6 +218,8 @@ macro_rules! setters {
 pub struct RedisConfig {
     pub(crate) endpoint: Endpoint,
     pub(crate) options: Options,
+    /// Set for a Redis Cluster (`redis+cluster://`): its seeds.
+    pub(crate) cluster: Option<ClusterSpec>,
 }
 
 impl RedisConfig {
@@ -227,10 +230,26 @@ impl RedisConfig {
     /// `response_timeout`, and their `_ms` spellings); the rest go to the `redis` driver
     /// (e.g. `protocol=resp3`).
     /// A malformed URL is [`InvalidArgument`](ErrorKind::InvalidArgument); no I/O happens.
+    ///
+    /// `redis+cluster://[user:password@]host:port,host:port,…[?options]` (`rediss+cluster://`
+    /// for TLS) is a Redis Cluster reached through any of the listed seed nodes (the rest are
+    /// discovered); besides the options above it takes `map_seeds=true`, which reaches each
+    /// seed's announced address at the address the URL gives for it (a cluster behind address
+    /// translation or proxies).
     pub fn from_url(url: &str) -> Result<Self> {
         let mut options = Options::default();
-        let endpoint = endpoint(url, &mut options)?;
-        let config = Self { endpoint, options };
+        let (endpoint, cluster) = match crate::cluster::parse_url(url, &mut options, endpoint) {
+            Some(parsed) => {
+                let (endpoint, spec) = parsed?;
+                (endpoint, Some(spec))
+            }
+            None => (endpoint(url, &mut options)?, None),
+        };
+        let config = Self {
+            endpoint,
+            options,
+            cluster,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -253,10 +272,16 @@ impl RedisConfig {
         Self {
             endpoint: endpoint_of_client(client),
             options: Options::default(),
+            cluster: None,
         }
     }
 
     setters!();
+
+    /// Whether this is a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
 
     /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
     /// any I/O.
@@ -270,7 +295,8 @@ impl RedisConfig {
         self.options.validate()
     }
 
-    /// The server, as errors name it (`host:port[/db]`, no password).
+    /// The server, as errors name it (`host:port[/db]`, no password; a cluster's seeds as
+    /// `cluster host:port,host:port`).
     pub fn endpoint(&self) -> &str {
         &self.endpoint.display
     }

@@ -3,6 +3,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod backend;
+mod cluster;
 mod config;
 mod keys;
 mod notices;
@@ -31,7 +32,7 @@ pub use redis;
 pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
     id: RedisLock::BACKEND,
     label: "Redis",
-    schemes: &["redis", "rediss"],
+    schemes: &["redis", "rediss", "redis+cluster", "rediss+cluster"],
     test_url_var: "DISTLOCK_REDIS_URL",
     test_url_default: "redis://127.0.0.1:6379",
     capabilities: CAPABILITIES,

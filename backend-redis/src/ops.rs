@@ -10,9 +10,10 @@ use futures::FutureExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 
+use crate::cluster::Conn;
 use crate::config::{Endpoint, Options};
 use crate::keys::KeySpace;
-use crate::scripts;
+use crate::scripts::{self, LockScripts, PermitScripts};
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,15 +57,19 @@ pub(crate) struct Server {
     /// The command connection. Replaced after a request times out: a connection that did not
     /// answer in time may be half-open (a peer gone without a reset), and the driver reconnects
     /// only once it sees the connection drop, which may be never.
-    conn: RwLock<ConnectionManager>,
-    manager: ConnectionManagerConfig,
+    pub(crate) conn: RwLock<Conn>,
+    pub(crate) manager: ConnectionManagerConfig,
     pub(crate) keys: KeySpace,
+    /// The lock's scripts and the permits', as this deployment runs them (Redis Cluster
+    /// publishes on shard channels).
+    pub(crate) scripts: &'static LockScripts,
+    pub(crate) permit_scripts: &'static PermitScripts,
     pub(crate) endpoint: Endpoint,
     pub(crate) backend: &'static str,
 }
 
 impl Server {
-    fn manager_config(options: &Options) -> ConnectionManagerConfig {
+    pub(crate) fn manager_config(options: &Options) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.client.connect_timeout))
             .set_response_timeout(Some(options.client.operation_timeout))
@@ -84,13 +89,7 @@ impl Server {
             Self::manager_config(options),
         )
         .map_err(|e| driver_error(backend, endpoint, "configure", e))?;
-        Ok(Self {
-            conn: RwLock::new(conn),
-            manager: Self::manager_config(options),
-            keys: options.keys(),
-            endpoint: endpoint.clone(),
-            backend,
-        })
+        Ok(Self::new(Conn::Single(conn), endpoint, options, backend))
     }
 
     /// Connects, bounded by the connect timeout, and loads the scripts.
@@ -139,21 +138,42 @@ impl Server {
                 .with_backend(backend))
             }
         };
-        let server = Self {
+        let server = Self::new(Conn::Single(conn), endpoint, options, backend);
+        server.load_scripts().await?;
+        Ok(server)
+    }
+
+    /// A server on `conn`; a cluster connection runs the cluster's scripts.
+    pub(crate) fn new(
+        conn: Conn,
+        endpoint: &Endpoint,
+        options: &Options,
+        backend: &'static str,
+    ) -> Self {
+        let (scripts, permit_scripts) = scripts::of(matches!(conn, Conn::Cluster(_)));
+        Self {
             conn: RwLock::new(conn),
             manager: Self::manager_config(options),
             keys: options.keys(),
+            scripts,
+            permit_scripts,
             endpoint: endpoint.clone(),
             backend,
-        };
-        server.load_scripts().await?;
-        Ok(server)
+        }
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(
+            &*self.conn.read().unwrap_or_else(PoisonError::into_inner),
+            Conn::Cluster(_)
+        )
     }
 
     /// Loads every script once up front, so the first lock call is one EVALSHA.
     async fn load_scripts(&self) -> Result<()> {
         let mut pipe = redis::pipe();
-        for lua in scripts::all() {
+        for lua in scripts::all(false) {
             pipe.cmd("SCRIPT").arg("LOAD").arg(lua.source).ignore();
         }
         let mut conn = self.conn();
@@ -166,7 +186,7 @@ impl Server {
         driver_error(self.backend, &self.endpoint, what, e)
     }
 
-    pub(crate) fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> Conn {
         self.conn
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -186,11 +206,15 @@ impl Server {
     /// Puts a fresh connection, made on first use, in place of the current one. Requests in
     /// flight on the old one finish (or time out) on it.
     fn replace_connection(&self) {
+        // A cluster connection replaces its nodes' connections by itself.
+        if self.is_cluster() {
+            return;
+        }
         if let Ok(fresh) = ConnectionManager::new_lazy_with_config(
             self.endpoint.client.clone(),
             self.manager.clone(),
         ) {
-            *self.conn.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+            *self.conn.write().unwrap_or_else(PoisonError::into_inner) = Conn::Single(fresh);
         }
     }
 
@@ -201,7 +225,7 @@ impl Server {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<Acquired> {
-        let mut inv = scripts::LOCK.acquire.script.prepare_invoke();
+        let mut inv = self.scripts.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.semaphore_key(name))
@@ -233,7 +257,7 @@ impl Server {
         owner: &OwnerId,
         token: u64,
     ) -> Result<Option<u32>> {
-        let mut inv = scripts::LOCK.release.script.prepare_invoke();
+        let mut inv = self.scripts.release.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
@@ -262,7 +286,7 @@ impl Server {
         to: &OwnerId,
         ttl: Duration,
     ) -> Result<HandedOver> {
-        let mut inv = scripts::LOCK.handover.script.prepare_invoke();
+        let mut inv = self.scripts.handover.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .arg(&*owner.text())
@@ -290,7 +314,7 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = scripts::LOCK.renew.script.prepare_invoke();
+        let mut inv = self.scripts.renew.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
@@ -311,7 +335,7 @@ impl Server {
         token: u64,
         derived: u64,
     ) -> Result<bool> {
-        let mut inv = scripts::LOCK.fence.script.prepare_invoke();
+        let mut inv = self.scripts.fence.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .arg(&*owner.text())
@@ -333,7 +357,7 @@ impl Server {
         (token, epoch): (u64, u64),
         value: &str,
     ) -> Result<bool> {
-        let mut inv = scripts::LOCK.proclaim.script.prepare_invoke();
+        let mut inv = self.scripts.proclaim.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
@@ -351,32 +375,15 @@ impl Server {
     /// their lock keys (the fencing counters and channels are not locks).
     pub(crate) async fn held_names(&self, prefix: &str) -> Result<Vec<LockName>> {
         let pattern = self.keys.pattern(prefix);
-        let mut conn = self.conn();
         let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.error("listing", e))?;
-            for key in keys {
-                // A semaphore is held while its holders key exists.
-                if let Some((name, "lock" | "permits")) = self.keys.parse(&key) {
-                    // A key this layout cannot have made is someone else's: not listed.
-                    if let Ok(name) = LockName::new(&name) {
-                        names.push(name);
-                    }
+        for key in self.scan(&pattern).await? {
+            // A semaphore is held while its holders key exists.
+            if let Some((name, "lock" | "permits")) = self.keys.parse(&key) {
+                // A key this layout cannot have made is someone else's: not listed.
+                if let Ok(name) = LockName::new(&name) {
+                    names.push(name);
                 }
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
         }
         // SCAN may return a key more than once.
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
@@ -396,7 +403,7 @@ impl Server {
     }
 
     async fn inspect_keys(&self, name: &LockName, permits: bool) -> Result<Option<Holder>> {
-        let mut inv = scripts::LOCK.inspect.script.prepare_invoke();
+        let mut inv = self.scripts.inspect.script.prepare_invoke();
         inv.key(self.keys.lock_key(name));
         if permits {
             inv.key(self.keys.holders_key(name))

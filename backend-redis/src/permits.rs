@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use crate::ops::{int, ints, millis, other_permits, pttl_of, Acquired, Server};
-use crate::scripts::PERMIT;
 use distlock_api::{LockName, OwnerId, Result};
 
 /// What the permit-of script found for an owner.
@@ -34,7 +33,7 @@ impl Server {
         ttl: Duration,
         max: u32,
     ) -> Result<Acquired> {
-        let mut inv = PERMIT.acquire.script.prepare_invoke();
+        let mut inv = self.permit_scripts.acquire.script.prepare_invoke();
         inv.key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.holders_key(name))
@@ -66,7 +65,7 @@ impl Server {
         owner: &OwnerId,
         token: u64,
     ) -> Result<Option<u32>> {
-        let mut inv = PERMIT.release.script.prepare_invoke();
+        let mut inv = self.permit_scripts.release.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
@@ -85,7 +84,7 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = PERMIT.renew.script.prepare_invoke();
+        let mut inv = self.permit_scripts.renew.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
@@ -105,7 +104,7 @@ impl Server {
         name: &LockName,
         token: u64,
     ) -> Result<Option<bool>> {
-        let mut inv = PERMIT.force.script.prepare_invoke();
+        let mut inv = self.permit_scripts.force.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(token)
@@ -120,7 +119,7 @@ impl Server {
 
     /// Runs the permit-of script: `owner`'s own permit of `name`, whichever it is.
     pub(crate) async fn permit_of(&self, name: &LockName, owner: &OwnerId) -> Result<PermitOf> {
-        let mut inv = PERMIT.owner.script.prepare_invoke();
+        let mut inv = self.permit_scripts.owner.script.prepare_invoke();
         inv.key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text());

@@ -19,6 +19,17 @@ impl Lua {
             script: Script::new(source),
         }
     }
+
+    /// The same script for Redis Cluster: release notices go out on the name's *shard*
+    /// channel (`SPUBLISH`, Redis 7), which lives in the slot of the name's keys, so a
+    /// release is told only on the shard that owns the lock instead of on every node.
+    fn sharded(&self) -> Self {
+        let source = self
+            .source
+            .replace("redis.call('publish',", "redis.call('spublish',");
+        // Built once per process (the statics below), so leaking the text costs nothing.
+        Self::new(Box::leak(source.into_boxed_str()))
+    }
 }
 
 /// The scripts every operation runs, hashed once per process.
@@ -46,6 +57,20 @@ pub(crate) static LOCK: LazyLock<LockScripts> = LazyLock::new(|| LockScripts {
     proclaim: Lua::new(include_str!("proclaim.lua")),
 });
 
+/// The lock scripts for Redis Cluster (`SPUBLISH` instead of `PUBLISH`).
+pub(crate) static CLUSTER_LOCK: LazyLock<LockScripts> = LazyLock::new(|| {
+    let l = &*LOCK;
+    LockScripts {
+        acquire: l.acquire.sharded(),
+        release: l.release.sharded(),
+        handover: l.handover.sharded(),
+        renew: l.renew.sharded(),
+        inspect: l.inspect.sharded(),
+        fence: l.fence.sharded(),
+        proclaim: l.proclaim.sharded(),
+    }
+});
+
 /// The permit scripts, each after the functions they share (`permits.lua`).
 pub(crate) struct PermitScripts {
     pub(crate) acquire: Lua,
@@ -69,9 +94,30 @@ pub(crate) static PERMIT: LazyLock<PermitScripts> = LazyLock::new(|| PermitScrip
     owner: permit_script!("permit_of.lua"),
 });
 
+/// The permit scripts for Redis Cluster (`SPUBLISH` instead of `PUBLISH`).
+pub(crate) static CLUSTER_PERMIT: LazyLock<PermitScripts> = LazyLock::new(|| {
+    let p = &*PERMIT;
+    PermitScripts {
+        acquire: p.acquire.sharded(),
+        release: p.release.sharded(),
+        renew: p.renew.sharded(),
+        force: p.force.sharded(),
+        owner: p.owner.sharded(),
+    }
+});
+
+/// The scripts of one kind of deployment: a server (or RedLock master), or Redis Cluster.
+pub(crate) fn of(cluster: bool) -> (&'static LockScripts, &'static PermitScripts) {
+    if cluster {
+        (&CLUSTER_LOCK, &CLUSTER_PERMIT)
+    } else {
+        (&LOCK, &PERMIT)
+    }
+}
+
 /// Every script, for loading at connect.
-pub(crate) fn all() -> [&'static Lua; 12] {
-    let (l, p) = (&*LOCK, &*PERMIT);
+pub(crate) fn all(cluster: bool) -> [&'static Lua; 12] {
+    let (l, p) = of(cluster);
     [
         &l.acquire,
         &l.release,
@@ -86,4 +132,23 @@ pub(crate) fn all() -> [&'static Lua; 12] {
         &p.force,
         &p.owner,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_scripts_publish_on_shard_channels_only() {
+        for (plain, sharded) in all(false).iter().zip(all(true)) {
+            assert!(!sharded.source.contains("redis.call('publish'"));
+            let publishes = plain.source.matches("redis.call('publish'").count();
+            assert_eq!(
+                sharded.source.matches("redis.call('spublish'").count(),
+                publishes
+            );
+        }
+        assert!(CLUSTER_LOCK.release.source.contains("spublish"));
+        assert!(CLUSTER_PERMIT.release.source.contains("spublish"));
+    }
 }

@@ -31,8 +31,14 @@ impl Server {
     }
 
     async fn subscribers(&self, name: &LockName) -> Result<usize> {
+        // A cluster's waiters listen on shard channels, counted by the slot's primary.
+        let numsub = if self.is_cluster() {
+            "SHARDNUMSUB"
+        } else {
+            "NUMSUB"
+        };
         let cmd = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
+            .arg(numsub)
             .arg(self.keys.channel(name))
             .to_owned();
         let counts: Vec<(String, u64)> = self.command("PUBSUB NUMSUB", &cmd).await?;
@@ -45,26 +51,26 @@ impl Server {
         let pattern = self.keys.pattern(prefix);
         let at = &self.endpoint.display;
         let mut left = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let scan = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
+        for key in self.scan(&pattern).await? {
+            match self.keys.parse(&key) {
+                Some((_, "fence")) => {}
+                _ => left.push(format!("key {key} on {at}")),
+            }
+        }
+        if self.is_cluster() {
+            // Shard channels, asked of every primary (each knows its own slots' channels).
+            let list = redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
                 .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
                 .to_owned();
-            let (next, keys): (u64, Vec<String>) = self.command("SCAN", &scan).await?;
-            for key in keys {
-                match self.keys.parse(&key) {
-                    Some((_, "fence")) => {}
-                    _ => left.push(format!("key {key} on {at}")),
+            for reply in self.on_primaries(&list).await? {
+                let channels: Vec<String> = redis::from_redis_value(reply)
+                    .map_err(|e| self.error("PUBSUB SHARDCHANNELS", e.into()))?;
+                for channel in channels {
+                    left.push(format!("a subscription to shard channel {channel} on {at}"));
                 }
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+            return Ok(left);
         }
         let list = redis::cmd("PUBSUB")
             .arg("CHANNELS")

@@ -205,6 +205,7 @@ impl RedLock {
                     backend: Self::BACKEND,
                     connect_timeout: config.options.client.connect_timeout,
                     response_timeout: config.options.client.operation_timeout,
+                    cluster: None,
                 })
             })
             .collect();

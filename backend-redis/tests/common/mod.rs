@@ -34,6 +34,17 @@ pub fn redis_url() -> String {
     distlock_redis::DESCRIPTOR.test_url()
 }
 
+/// The Redis Cluster the tests use: `DISTLOCK_REDIS_CLUSTER_URL`, by default the local
+/// cluster's three primaries (`scripts/services up redis`).
+pub fn redis_cluster_url() -> String {
+    std::env::var("DISTLOCK_REDIS_CLUSTER_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| {
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_string()
+        })
+}
+
 /// The RedLock masters the tests use, comma-separated.
 pub fn redlock_urls() -> String {
     distlock_redis::REDLOCK_DESCRIPTOR.test_url()

@@ -23,8 +23,11 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::Endpoint;
+use crate::cluster::ClusterSpec;
+use crate::config::{Endpoint, Options};
 use crate::ops::driver_error;
+
+mod shard;
 
 /// How long the manager waits before reconnecting after a failed connect, at first and at most.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
@@ -61,6 +64,8 @@ struct Channel {
 enum Kick {
     Changed,
     Disconnected(u64),
+    /// The server dropped a shard channel's subscription (its slot moved to another node).
+    Dropped(String),
 }
 
 /// Connection settings the manager needs.
@@ -69,6 +74,10 @@ pub(crate) struct HubConfig {
     pub(crate) backend: &'static str,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
+    /// A Redis Cluster's seeds and options: release notices come through shard channels
+    /// (`SSUBSCRIBE`) on the driver's cluster connection, which sends each to the node that
+    /// owns the channel's slot and subscribes again after a reconnect.
+    pub(crate) cluster: Option<(ClusterSpec, Options)>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -215,8 +224,40 @@ impl Drop for Subscription {
 }
 
 struct Conn {
-    sink: PubSubSink,
+    sink: Sink,
     reader: JoinHandle<()>,
+}
+
+enum Sink {
+    Single(PubSubSink),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channels: &[String]) -> redis::RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.subscribe(channels).await,
+            // One channel per command: channels of different names live in different slots.
+            Sink::Cluster(c) => {
+                for channel in channels {
+                    c.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe(&mut self, channels: &[String]) -> redis::RedisResult<()> {
+        match self {
+            Sink::Single(sink) => sink.unsubscribe(channels).await,
+            Sink::Cluster(c) => {
+                for channel in channels {
+                    c.sunsubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 struct Manager {
@@ -259,10 +300,15 @@ impl Manager {
     }
 
     fn absorb(&mut self, kick: Kick) {
-        if let Kick::Disconnected(generation) = kick {
-            if generation == self.generation {
+        match kick {
+            Kick::Disconnected(generation) if generation == self.generation => {
                 self.drop_connection();
             }
+            // Subscribed again by the next reconcile if a waiter still wants it.
+            Kick::Dropped(channel) => {
+                self.subscribed.remove(&channel);
+            }
+            _ => {}
         }
     }
 
@@ -350,6 +396,9 @@ impl Manager {
     }
 
     async fn connect(&mut self) -> Result<()> {
+        if self.config.cluster.is_some() {
+            return self.connect_cluster().await;
+        }
         let c = &self.config;
         let pubsub =
             match tokio::time::timeout(c.connect_timeout, c.endpoint.client.get_async_pubsub())
@@ -378,7 +427,10 @@ impl Manager {
             self.generation,
             self.kick_sender(),
         ));
-        self.conn = Some(Conn { sink, reader });
+        self.conn = Some(Conn {
+            sink: Sink::Single(sink),
+            reader,
+        });
         Ok(())
     }
 
