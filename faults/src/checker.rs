@@ -494,7 +494,7 @@ pub(crate) fn check(
         .count();
 
     // (8) Proclaims.
-    primitives::proclaims(recs, &by_name, &by_grant, &show, &mut out);
+    primitives::proclaims(recs, faults, expect, &by_name, &by_grant, &show, &mut out);
 
     // Availability: grants while a fault was in force.
     let mut windows = Vec::new();

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{Checked, Expect, Grant};
 use crate::clock::ms_between;
-use crate::history::{OpId, Rec};
+use crate::history::{Fault, OpId, Rec};
 
 /// How many violations of one kind on one name are spelled out.
 const SHOWN: usize = 3;
@@ -96,9 +96,13 @@ pub(super) fn permits(
 }
 
 /// Every proclaim the server took was sent while no later grant of the election's name had
-/// completed: a deposed leader (a zombie past its lease above all) must be refused.
+/// completed: a deposed leader (a zombie past its lease above all) must be refused. Later is by
+/// token, the server's own order; across a restart of a server without persistence (whose
+/// tokens start again) grants are not compared.
 pub(super) fn proclaims(
     recs: &[Rec],
+    faults: &[Fault],
+    expect: Expect,
     by_name: &BTreeMap<&str, Vec<&Grant>>,
     by_grant: &HashMap<OpId, &Grant>,
     show: &dyn Fn(&Grant) -> String,
@@ -129,6 +133,10 @@ pub(super) fn proclaims(
         let later = by_name.get(name.as_str()).and_then(|gs| {
             gs.iter()
                 .filter(|n| n.token > g.token && n.start < *invoke)
+                .filter(|n| {
+                    let (a, b) = (g.start.min(n.start), g.start.max(n.start));
+                    !(expect.volatile_restart && faults.iter().any(|f| a < f.at && f.at < b))
+                })
                 .min_by_key(|n| n.start)
         });
         if let Some(n) = later {

@@ -559,3 +559,40 @@ fn a_proclaim_taken_after_a_later_grant_is_a_violation() {
         c.violations[0]
     );
 }
+
+#[test]
+fn across_a_restart_without_persistence_proclaims_are_not_compared_by_token() {
+    // Epoch 2 before the restart; the empty server grants epoch 1 again after it.
+    let h = [
+        acquire(1, 1, 2, 10),
+        end(1, 1, 20),
+        acquire(2, 1, 1, 60),
+        end(2, 1, 90),
+        proclaim(2, 1, 70, true),
+    ];
+    let restart = Fault {
+        at: 30,
+        done: 30,
+        what: "SIGKILL server (no persistence)".into(),
+        killed: None,
+        recover_from: false,
+        deleted: None,
+    };
+    let volatile = Expect {
+        volatile_restart: true,
+        ..Expect::default()
+    };
+    let c = check(&h, &[restart.clone()], &BTreeMap::new(), 100, volatile);
+    assert!(
+        c.violations.iter().all(|v| !v.starts_with("election")),
+        "{:?}",
+        c.violations
+    );
+    // With no restart in between, epoch 2 is the later grant and the proclaim is flagged.
+    let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
+    assert!(
+        c.violations.iter().any(|v| v.starts_with("election")),
+        "{:?}",
+        c.violations
+    );
+}
