@@ -582,7 +582,7 @@ fn across_a_restart_without_persistence_proclaims_are_not_compared_by_token() {
         volatile_restart: true,
         ..Expect::default()
     };
-    let c = check(&h, &[restart.clone()], &BTreeMap::new(), 100, volatile);
+    let c = check(&h, &[restart], &BTreeMap::new(), 100, volatile);
     assert!(
         c.violations.iter().all(|v| !v.starts_with("election")),
         "{:?}",
