@@ -10,133 +10,14 @@
 use std::collections::HashMap;
 
 use distlock_api::{Error, ErrorKind, Result};
-use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, NodeAddress};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::Value;
 
-use crate::config::{Endpoint, Options};
-use crate::ops::{driver_error, Server};
+use crate::endpoint::{ClusterSpec, Endpoint, Options};
+use crate::ops::{driver_error, Conn, Server};
 use crate::scripts;
-
-/// The command connection: to one server, or to a cluster through the driver's cluster client.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-/// How to reach a cluster: its seed nodes (any of them; the rest are discovered).
-#[derive(Clone, Debug)]
-pub(crate) struct ClusterSpec {
-    pub(crate) seeds: Vec<Endpoint>,
-    /// Reach each seed's announced address at the address the URL gives for it (URL
-    /// `map_seeds=true`): for a cluster behind address translation or proxies.
-    pub(crate) map_seeds: bool,
-}
-
-/// Parses `redis+cluster://[user:password@]h1:port,h2:port,…[?options]` (or `rediss+cluster://`)
-/// into one `redis://` (`rediss://`) endpoint per seed, taking distlock's options; `None` for
-/// any other scheme.
-pub(crate) fn parse_url(
-    raw: &str,
-    options: &mut Options,
-    endpoint: impl Fn(&str, &mut Options) -> Result<Endpoint>,
-) -> Option<Result<(Endpoint, ClusterSpec)>> {
-    let raw = raw.trim();
-    let (scheme, rest) = if let Some(rest) = raw.strip_prefix("redis+cluster://") {
-        ("redis", rest)
-    } else {
-        ("rediss", raw.strip_prefix("rediss+cluster://")?)
-    };
-    Some((|| {
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
-        if !matches!(path.trim_matches('/'), "" | "0") {
-            return Err(Error::invalid(format!(
-                "bad Redis Cluster URL {:?}: a cluster has only database 0",
-                distlock_api::config::redact(raw)
-            )));
-        }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (format!("{u}@"), h),
-            None => (String::new(), authority),
-        };
-        // Every seed's URL carries the query: distlock's options are read from the first and
-        // are the same for the rest; `map_seeds` is ours.
-        let mut query: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
-        let mut map_seeds = false;
-        query.retain(|p| match p.split_once('=') {
-            Some(("map_seeds", v)) => {
-                map_seeds = matches!(v, "true" | "1" | "yes" | "on");
-                false
-            }
-            _ => true,
-        });
-        let query = if query.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", query.join("&"))
-        };
-        let seeds = hosts
-            .split(',')
-            .map(|h| {
-                endpoint(
-                    &format!("{scheme}://{userinfo}{}{query}", h.trim()),
-                    options,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let display = format!(
-            "cluster {}",
-            seeds
-                .iter()
-                .map(|s| s.display.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let first = seeds[0].client.clone();
-        Ok((
-            Endpoint {
-                display,
-                client: first,
-            },
-            ClusterSpec { seeds, map_seeds },
-        ))
-    })())
-}
 
 impl ClusterSpec {
     /// The driver's cluster client: RESP3 with `push` for the notices' connection.
@@ -289,8 +170,9 @@ impl Server {
     }
 
     /// Runs `cmd` on every primary of a cluster (on the server itself otherwise) and returns
-    /// each answer.
-    pub(crate) async fn on_primaries(&self, cmd: &Cmd) -> Result<Vec<Value>> {
+    /// each answer (for the test-only admin).
+    #[cfg(feature = "testing")]
+    pub(crate) async fn on_primaries(&self, cmd: &redis::Cmd) -> Result<Vec<Value>> {
         let mut conn = self.conn();
         let Conn::Cluster(c) = &mut conn else {
             let reply = cmd.query_async::<Value>(&mut conn).await;

@@ -1,147 +1,15 @@
 //! Connection URLs and options of [`RedisLock`](crate::RedisLock) and
 //! [`RedLock`](crate::RedLock).
 
-use std::fmt;
 use std::time::Duration;
 
-use distlock_api::config::{redact, ConfigUrl};
-use distlock_api::{ClientOptions, Error, ErrorKind, LockName, Result, DEFAULT_TTL};
+use distlock_api::{Error, LockName, Result};
 
-use crate::cluster::ClusterSpec;
-use crate::keys::{check_prefix, KeySpace};
+use crate::endpoint::{endpoint, endpoint_of_client, ClusterSpec, Endpoint, Options};
+pub use crate::endpoint::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_RESPONSE_TIMEOUT};
 
-/// The key prefix used unless configured otherwise.
-pub const DEFAULT_KEY_PREFIX: &str = "distlock";
-/// How long connecting may take before the server counts as unavailable.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long one command may wait for its answer before the server counts as unavailable.
-pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The fewest masters a [`RedLock`](crate::RedLock) accepts: with fewer, one failure stops it.
 pub const MIN_REDLOCK_INSTANCES: usize = 3;
-
-/// The name the config's errors carry.
-const BACKEND: &str = "redis";
-
-/// Options shared by the single-server and RedLock clients: the shared client options of
-/// [`distlock_api::config`] (the operation timeout bounds each command's answer) and the key
-/// prefix.
-#[derive(Clone, Debug)]
-pub(crate) struct Options {
-    pub(crate) key_prefix: String,
-    pub(crate) client: ClientOptions,
-    /// RedLock only: whether waiters listen to the masters' release messages (`None`: the
-    /// default, on). Given for a single server, `validate` refuses it.
-    pub(crate) release_signals: Option<bool>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            key_prefix: DEFAULT_KEY_PREFIX.to_string(),
-            release_signals: None,
-            client: ClientOptions::new(
-                DEFAULT_TTL,
-                DEFAULT_CONNECT_TIMEOUT,
-                DEFAULT_RESPONSE_TIMEOUT,
-            ),
-        }
-    }
-}
-
-impl Options {
-    fn validate(&self) -> Result<()> {
-        check_prefix(&self.key_prefix)?;
-        self.client.validate(BACKEND)
-    }
-
-    pub(crate) fn keys(&self) -> KeySpace {
-        KeySpace::new(&self.key_prefix)
-    }
-}
-
-/// One Redis server's address, checked and ready for the driver.
-#[derive(Clone)]
-pub(crate) struct Endpoint {
-    /// What errors and `Debug` show: host, port and database, never the password.
-    pub(crate) display: String,
-    pub(crate) client: redis::Client,
-}
-
-impl fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.display)
-    }
-}
-
-/// Parses one `redis://` or `rediss://` URL, taking distlock's query options into `options`;
-/// the rest go to the driver.
-fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
-    let raw = raw.trim();
-    let bad = |why: &str| Error::invalid(format!("bad Redis URL {:?}: {why}", redact(raw)));
-    let cut = ConfigUrl::parse(BACKEND, raw)?;
-    let mut query = cut.options()?;
-    options.client.take_from(&mut query)?;
-    if let Some(prefix) = query.take_str("key_prefix") {
-        options.key_prefix = prefix;
-    }
-    if let Some(on) = query.take_bool("release_signals")? {
-        options.release_signals = Some(on);
-    }
-    let base = raw.split_once('?').map_or(raw, |(b, _)| b);
-    let driver_url = match query.rest() {
-        Some(rest) => format!("{base}?{rest}"),
-        None => base.to_string(),
-    };
-    let url = url::Url::parse(&driver_url).map_err(|e| bad(&e.to_string()))?;
-    match url.scheme() {
-        "redis" => {}
-        "rediss" if cfg!(feature = "tls") => {}
-        "rediss" => {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "{:?}: TLS (rediss://) needs distlock-redis's `tls` Cargo feature, which \
-                     this build lacks",
-                    redact(raw)
-                ),
-            ))
-        }
-        other => {
-            return Err(bad(&format!(
-                "scheme {other:?} is not redis:// or rediss://"
-            )))
-        }
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(bad("no host"));
-    }
-    let display = format!(
-        "{}:{}{}",
-        url.host_str().unwrap_or_default(),
-        url.port().unwrap_or(6379),
-        match url.path().trim_matches('/') {
-            "" | "0" => String::new(),
-            db => format!("/{db}"),
-        }
-    );
-    let client = redis::Client::open(url.as_str()).map_err(|e| bad(&e.to_string()))?;
-    Ok(Endpoint { display, client })
-}
-
-/// The endpoint of a driver client the application made itself (its TLS, credentials and
-/// protocol settings are used as they are).
-fn endpoint_of_client(client: redis::Client) -> Endpoint {
-    let info = client.get_connection_info();
-    let display = format!(
-        "{}{}",
-        info.addr(),
-        match info.redis_settings().db() {
-            0 => String::new(),
-            db => format!("/{db}"),
-        }
-    );
-    Endpoint { display, client }
-}
 
 macro_rules! setters {
     () => {
@@ -238,13 +106,14 @@ impl RedisConfig {
     /// translation or proxies).
     pub fn from_url(url: &str) -> Result<Self> {
         let mut options = Options::default();
-        let (endpoint, cluster) = match crate::cluster::parse_url(url, &mut options, endpoint) {
-            Some(parsed) => {
-                let (endpoint, spec) = parsed?;
-                (endpoint, Some(spec))
-            }
-            None => (endpoint(url, &mut options)?, None),
-        };
+        let (endpoint, cluster) =
+            match crate::endpoint::parse_cluster_url(url, &mut options, endpoint) {
+                Some(parsed) => {
+                    let (endpoint, spec) = parsed?;
+                    (endpoint, Some(spec))
+                }
+                None => (endpoint(url, &mut options)?, None),
+            };
         let config = Self {
             endpoint,
             options,
@@ -426,6 +295,10 @@ impl RedLockConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt;
+
+    use distlock_api::ErrorKind;
+
     use super::*;
 
     fn kind<T: fmt::Debug>(r: Result<T>) -> ErrorKind {

@@ -5,6 +5,7 @@
 mod backend;
 mod cluster;
 mod config;
+mod endpoint;
 mod keys;
 mod notices;
 mod ops;

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
 use futures::FutureExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Value;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::cluster::Conn;
-use crate::config::{Endpoint, Options};
+use crate::endpoint::{Endpoint, Options};
 use crate::keys::KeySpace;
 use crate::scripts::{self, LockScripts, PermitScripts};
 
@@ -50,6 +50,41 @@ pub(crate) struct Holder {
     pub(crate) permits: (u32, u32),
     /// What an election's leader proclaimed under this hold's token (or RedLock fence).
     pub(crate) value: Option<String>,
+}
+
+/// The command connection: to one server, or to a cluster through the driver's cluster client.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// A connection to one server, with the key layout of locks in it.

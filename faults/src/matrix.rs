@@ -262,6 +262,56 @@ impl Scenario {
         SCENARIOS.iter().copied().find(|s| s.key() == key)
     }
 
+    /// How many private servers the run starts: one to pause or restart, RedLock's five
+    /// masters, a 3-member cluster; none for the shared server.
+    pub(crate) fn members(self) -> usize {
+        match self {
+            Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
+            Scenario::MastersDown(_)
+            | Scenario::MastersRestart
+            | Scenario::MastersRestartVolatile => 5,
+            s if s.clustered() => 3,
+            _ => 0,
+        }
+    }
+
+    /// How many leases the clients run on after the base time: room for the fault and what
+    /// follows it.
+    pub(crate) fn leases_after(self) -> u32 {
+        match self {
+            Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => 0,
+            Scenario::LeaseShrink | Scenario::OobDelete => 1,
+            Scenario::ServerPause
+            | Scenario::ServerRestartVolatile
+            | Scenario::LeaderKill
+            | Scenario::FollowerKill
+            | Scenario::MemberCut
+            | Scenario::MastersRestartVolatile => 4,
+            Scenario::MemberRestart => 6,
+            _ => 3,
+        }
+    }
+
+    /// Whether each client reaches its server through a proxy of its own (to cut or slow).
+    pub(crate) fn proxied(self) -> bool {
+        matches!(
+            self,
+            Scenario::LostReplies | Scenario::ClientCut | Scenario::Latency
+        )
+    }
+
+    /// Whether the nemesis hits a holder (so holds are long, for it to find one).
+    pub(crate) fn hits_holders(self) -> bool {
+        matches!(
+            self,
+            Scenario::HolderKill
+                | Scenario::HolderPause
+                | Scenario::LostReplies
+                | Scenario::ClientCut
+                | Scenario::OobDelete
+        )
+    }
+
     /// Whether the scenario runs against a cluster the run starts in network namespaces.
     pub(crate) fn clustered(self) -> bool {
         matches!(

@@ -89,12 +89,7 @@ async fn run_inner(
     dir: &Path,
 ) -> Result<RunResult, String> {
     let ttl = backend.ttl();
-    let members = match scenario {
-        Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
-        Scenario::MastersDown(_) | Scenario::MastersRestart | Scenario::MastersRestartVolatile => 5,
-        s if s.clustered() => 3,
-        _ => 0,
-    };
+    let members = scenario.members();
     let mut server = if members > 0 {
         let kind = Kind::of(backend.key()).ok_or("no server kind for this backend")?;
         let volatile = matches!(
@@ -138,33 +133,13 @@ async fn run_inner(
         .then(|| format!("{prefix}elect"))
         .into_iter()
         .collect();
-    let proxied = matches!(
-        scenario,
-        Scenario::LostReplies | Scenario::ClientCut | Scenario::Latency
-    );
+    let proxied = scenario.proxied();
     // Clients connect before they loop: the first fault comes after a moment, which varies so
     // that over the runs a fault lands at every point of the clients' cycles (a fixed moment
     // kept hitting the same phase, and hid a server that lost its last acknowledged writes).
     // The runs are that much longer, so the time after the fault stays the same.
     let lead = Duration::from_millis(fastrand::u64(1500..=3000));
-    let run_for = lead - Duration::from_millis(1500)
-        + match scenario {
-            Scenario::Baseline | Scenario::SharedHandle | Scenario::CancelStorm => knobs.base,
-            Scenario::LeaseShrink | Scenario::OobDelete => knobs.base + ttl,
-            Scenario::HolderKill | Scenario::HolderPause => knobs.base + ttl * 3,
-            Scenario::LostReplies | Scenario::ClientCut => knobs.base + ttl * 3,
-            Scenario::Latency => knobs.base + ttl * 3,
-            Scenario::ServerPause => knobs.base + ttl * 4,
-            Scenario::ServerRestart => knobs.base + ttl * 3,
-            Scenario::ServerRestartVolatile => knobs.base + ttl * 4,
-            Scenario::LeaderKill | Scenario::FollowerKill | Scenario::MemberCut => {
-                knobs.base + ttl * 4
-            }
-            Scenario::MemberRestart => knobs.base + ttl * 6,
-            Scenario::MastersDown(_) => knobs.base + ttl * 3,
-            Scenario::MastersRestart => knobs.base + ttl * 3,
-            Scenario::MastersRestartVolatile => knobs.base + ttl * 4,
-        };
+    let run_for = lead - Duration::from_millis(1500) + knobs.base + ttl * scenario.leases_after();
     let (tasks, shared) = match scenario {
         Scenario::SharedHandle => (4, 4),
         _ => (3, 2),
@@ -206,15 +181,8 @@ async fn run_inner(
             per_lock: backend.per_lock(),
             cancel_storm: scenario == Scenario::CancelStorm,
             lease_shrink: scenario == Scenario::LeaseShrink,
-            hold_ms: match scenario {
-                // Long holds, so that the nemesis finds a holder to hit.
-                Scenario::HolderKill
-                | Scenario::HolderPause
-                | Scenario::LostReplies
-                | Scenario::ClientCut
-                | Scenario::OobDelete => ttl.as_millis() as u64,
-                _ => ttl.as_millis() as u64 / 4,
-            },
+            // Long holds where the nemesis looks for a holder to hit.
+            hold_ms: ttl.as_millis() as u64 / if scenario.hits_holders() { 1 } else { 4 },
             resource: resource.addr().to_string(),
             out: dir.join(format!("client-{p}.jsonl")).display().to_string(),
             seed: fastrand::u64(..),

@@ -23,8 +23,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::cluster::ClusterSpec;
-use crate::config::{Endpoint, Options};
+use crate::endpoint::{ClusterSpec, Endpoint, Options};
 use crate::ops::driver_error;
 
 mod shard;

@@ -65,6 +65,16 @@ pub(crate) fn plural(n: usize) -> &'static str {
     }
 }
 
+/// A goal's verdict, in words, not emoji: they read the same in every terminal, font and
+/// Markdown renderer.
+pub(super) fn mark(ok: bool) -> &'static str {
+    if ok {
+        "**met**:"
+    } else {
+        "**missed**:"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

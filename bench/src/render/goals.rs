@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use crate::model::{BackendResult, Results, Status, SLOW_SYNC_MS};
 use crate::render::format::{or_dash, rate, ratio, signed_us, us};
 
+use super::format::mark;
 use super::{template, Block};
 
 /// The thresholds of `goals.toml`.
@@ -414,15 +415,6 @@ fn warm_handoff(b: &BackendResult) -> String {
         us(h.handoff.p50_us),
         h.handoff.p50_us / rt
     )
-}
-
-/// Words, not emoji: they read the same in every terminal, font and Markdown renderer.
-pub(super) fn mark(ok: bool) -> &'static str {
-    if ok {
-        "**met**:"
-    } else {
-        "**missed**:"
-    }
 }
 
 #[cfg(test)]

@@ -203,7 +203,7 @@ pub(super) fn goals(r: &Results, permit_goal: f64, failover_goal: f64) -> Vec<St
         items.push(format!(
             "{} permit acquire + release at most {}× of **{}**'s (same server, same slices): \
              {} vs {} ({}).",
-            super::goals::mark(q <= permit_goal),
+            super::format::mark(q <= permit_goal),
             permit_goal,
             row.who.label,
             us(m.p50_us),
@@ -219,7 +219,7 @@ pub(super) fn goals(r: &Results, permit_goal: f64, failover_goal: f64) -> Vec<St
         let q = m.p50_us / f.p50_us;
         items.push(format!(
             "{} leader failover at most {}× of **{}**'s with the same {} s lease: {} vs {} ({}).",
-            super::goals::mark(q <= failover_goal),
+            super::format::mark(q <= failover_goal),
             failover_goal,
             row.who.label,
             p.lease_ms as f64 / 1000.0,
