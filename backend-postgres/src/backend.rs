@@ -34,7 +34,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
     .fair(false)
     .fencing(Fencing::Durable)
     .renewal(true)
-    .semaphore(false)
+    .semaphore(true)
     .election(true);
 
 /// How many grants one renewal statement confirms at most.
@@ -262,11 +262,24 @@ impl DistributedLock for PostgresLock {
         self.inner.list(prefix).await
     }
 
+    /// A semaphore's permit by its token (one transaction), a lock's grant by its releases.
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        distlock_api::backend::force_release_by_releases(self, name, token).await
+        match self.inner.inspect(name).await? {
+            None => Ok(false),
+            Some(info) if info.permits.1 > 1 => {
+                self.inner
+                    .force_release_permit(name, info.owner, token, info.permits.1)
+                    .await
+            }
+            Some(_) => distlock_api::backend::force_release_by_releases(self, name, token).await,
+        }
     }
 
+    /// The owner's permit of the name if it has one, else the lock's way.
     async fn give_back(&self, surplus: &Surplus) -> Result<bool> {
-        distlock_api::backend::give_back_by_release(self, surplus).await
+        match self.inner.give_back_permit(&self.core, surplus).await? {
+            Some(given) => Ok(given),
+            None => distlock_api::backend::give_back_by_release(self, surplus).await,
+        }
     }
 }

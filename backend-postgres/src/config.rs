@@ -236,6 +236,12 @@ impl PostgresConfig {
         }
         check_table("lock table", &self.lock_table).map_err(err)?;
         check_table("fencing table", &self.fencing_table).map_err(err)?;
+        if crate::sql::permit_table(&self.lock_table) == self.fencing_table {
+            return Err(err(format!(
+                "the fencing table {:?} is the lock table's permit table; they must differ",
+                self.fencing_table
+            )));
+        }
         if self.lock_table == self.fencing_table {
             return Err(err(format!(
                 "the lock table and the fencing table are both {:?}; they must differ",

@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod notices;
 mod ops;
+mod permit;
 mod schema;
 mod sql;
 mod sweep;
@@ -50,6 +51,9 @@ pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDe
 pub const LOCK_TABLE_DDL: &str = include_str!("sql/create_locks.sql");
 /// The DDL of the fencing table, as `connect` runs it (`{fencing}` stands for the table name).
 pub const FENCING_TABLE_DDL: &str = include_str!("sql/create_fencing.sql");
+/// The DDL of the permit table, as `connect` runs it (`{permits}` stands for the table name:
+/// the lock table's with `_permits`).
+pub const PERMIT_TABLE_DDL: &str = include_str!("sql/create_permits.sql");
 
 #[cfg(test)]
 mod tests {
@@ -67,7 +71,7 @@ mod tests {
     #[test]
     fn docs_show_the_ddl() {
         let docs = include_str!("../docs.md");
-        for ddl in [LOCK_TABLE_DDL, FENCING_TABLE_DDL] {
+        for ddl in [LOCK_TABLE_DDL, FENCING_TABLE_DDL, PERMIT_TABLE_DDL] {
             assert!(docs.contains(ddl.trim()), "docs.md must contain:\n{ddl}");
         }
     }

@@ -28,10 +28,12 @@ pub(crate) async fn prepare(
         .await
         .map_err(|e| map_error(e, &what("reading the server version")))?;
     let exists: bool = sqlx::query_scalar(
-        "SELECT to_regclass(quote_ident($1)) IS NOT NULL AND to_regclass(quote_ident($2)) IS NOT NULL",
+        "SELECT to_regclass(quote_ident($1)) IS NOT NULL AND to_regclass(quote_ident($2)) IS NOT NULL \
+         AND to_regclass(quote_ident($3)) IS NOT NULL",
     )
     .bind(&sql.locks)
     .bind(&sql.fencing)
+    .bind(&sql.permits)
     .fetch_one(&mut conn)
     .await
     .map_err(|e| map_error(e, &what("looking for the tables")))?;
@@ -51,7 +53,15 @@ pub(crate) async fn prepare(
         sql.locks
     );
     let probe_fencing = format!("SELECT name, token FROM \"{}\" LIMIT 0", sql.fencing);
-    for (table, probe) in [(&sql.locks, probe), (&sql.fencing, probe_fencing)] {
+    let probe_permits = format!(
+        "SELECT name, owner, token, hold_count, expires_at, since FROM \"{}\" LIMIT 0",
+        sql.permits
+    );
+    for (table, probe) in [
+        (&sql.locks, probe),
+        (&sql.fencing, probe_fencing),
+        (&sql.permits, probe_permits),
+    ] {
         if let Err(e) = sqlx::query(AssertSqlSafe(probe)).execute(&mut conn).await {
             return Err(Error::new(
                 ErrorKind::Backend,
