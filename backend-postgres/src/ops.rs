@@ -41,6 +41,8 @@ pub(crate) struct Inner {
     pub(crate) listener: Option<Listener>,
     /// The backoff of waiters when notices are off.
     pub(crate) backoff: (Duration, Duration),
+    /// Advisory mode's session, in that mode.
+    pub(crate) advisory: Option<crate::advisory::Advisory>,
 }
 
 impl Inner {
@@ -294,9 +296,20 @@ impl Inner {
             total += n;
             self.swept.fetch_add(n, Ordering::Relaxed);
             if n < u64::from(self.sweep_batch) {
-                return Ok(total);
+                break;
             }
         }
+        if let Some(advisory) = &self.advisory {
+            loop {
+                let n = advisory.sweep(&self.pool, self.sweep_batch).await?;
+                total += n;
+                self.swept.fetch_add(n, Ordering::Relaxed);
+                if n < u64::from(self.sweep_batch) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
     }
 }
 

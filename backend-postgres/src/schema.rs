@@ -6,6 +6,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
 use crate::error::map_error;
+use crate::advisory::sql::AdvisoryStatements;
 use crate::sql::Statements;
 use crate::BACKEND;
 
@@ -15,6 +16,7 @@ use crate::BACKEND;
 pub(crate) async fn prepare(
     options: &PgConnectOptions,
     sql: &Statements,
+    advisory: Option<&AdvisoryStatements>,
     create: bool,
     endpoint: &str,
 ) -> Result<String> {
@@ -37,10 +39,22 @@ pub(crate) async fn prepare(
     .fetch_one(&mut conn)
     .await
     .map_err(|e| map_error(e, &what("looking for the tables")))?;
+    let exists = match advisory {
+        Some(a) => {
+            exists
+                && sqlx::query_scalar::<_, bool>("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+                    .bind(&a.table)
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| map_error(e, &what("looking for the tables")))?
+        }
+        None => exists,
+    };
     if !exists && create {
         let ddl = format!(
-            "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext('distlock: create tables'));\n{}\nCOMMIT;",
-            sql.create_tables()
+            "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext('distlock: create tables'));\n{}\n{}\nCOMMIT;",
+            sql.create_tables(),
+            advisory.map(|a| a.create.as_str()).unwrap_or_default()
         );
         sqlx::raw_sql(AssertSqlSafe(ddl))
             .execute(&mut conn)
@@ -57,11 +71,21 @@ pub(crate) async fn prepare(
         "SELECT name, owner, token, hold_count, expires_at, since FROM \"{}\" LIMIT 0",
         sql.permits
     );
-    for (table, probe) in [
+    let mut probes = vec![
         (&sql.locks, probe),
         (&sql.fencing, probe_fencing),
         (&sql.permits, probe_permits),
-    ] {
+    ];
+    if let Some(a) = advisory {
+        probes.push((
+            &a.table,
+            format!(
+                "SELECT key, name, owner, token, hold_count, pid, since, value FROM \"{}\" LIMIT 0",
+                a.table
+            ),
+        ));
+    }
+    for (table, probe) in probes {
         if let Err(e) = sqlx::query(AssertSqlSafe(probe)).execute(&mut conn).await {
             return Err(Error::new(
                 ErrorKind::Backend,
