@@ -94,9 +94,8 @@ impl PostgresLock {
         }
         let endpoint = config.endpoint();
         let timeout = config.get_connect_timeout();
-        let advisory_sql = (config.get_mode() == Mode::Advisory).then(|| {
-            AdvisoryStatements::new(config.get_lock_table(), config.get_fencing_table())
-        });
+        let advisory_sql = (config.get_mode() == Mode::Advisory)
+            .then(|| AdvisoryStatements::new(config.get_lock_table(), config.get_fencing_table()));
         let server_version = tokio::time::timeout(
             timeout,
             prepare(

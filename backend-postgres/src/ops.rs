@@ -55,7 +55,12 @@ impl Inner {
 
     /// Runs `op` within the operation timeout, again at once on a conflict the server rolled
     /// back; errors name `what`, the server and the lock.
-    pub(crate) async fn run<T, F, Fut>(&self, what: &str, name: Option<&LockName>, op: F) -> Result<T>
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        what: &str,
+        name: Option<&LockName>,
+        op: F,
+    ) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = sqlx::Result<T>>,

@@ -216,7 +216,8 @@ impl Inner {
         let Some(row) = row else {
             return Ok(None);
         };
-        let bad = |e: sqlx::Error| map_error(e, "reading the owner's permit").with_lock(&surplus.name);
+        let bad =
+            |e: sqlx::Error| map_error(e, "reading the owner's permit").with_lock(&surplus.name);
         let token: i64 = row.try_get(0).map_err(bad)?;
         let holds: i32 = row.try_get(1).map_err(bad)?;
         let size: i32 = row.try_get(2).map_err(bad)?;

@@ -5,8 +5,8 @@ use distlock_api::{Error, ErrorKind, Result};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
-use crate::error::map_error;
 use crate::advisory::sql::AdvisoryStatements;
+use crate::error::map_error;
 use crate::sql::Statements;
 use crate::BACKEND;
 

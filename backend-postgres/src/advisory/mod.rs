@@ -5,6 +5,7 @@
 //! never cuts a statement in half; an acquire whose caller is gone when it is granted is
 //! released by that task.
 
+mod rows;
 mod session;
 pub(crate) mod sql;
 
@@ -13,11 +14,9 @@ use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::Attempt;
 use distlock_api::backend::{lost, AcquireRequest, ClientCore, Surplus};
-use distlock_api::{
-    Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, OwnerId, Result,
-};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, Result};
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::Row;
 use tokio::sync::{oneshot, Mutex};
 use tokio::task::JoinHandle;
@@ -127,7 +126,10 @@ impl Advisory {
             }
         });
         rx.await.unwrap_or_else(|_| {
-            Err(Error::new(ErrorKind::Backend, "the advisory acquire task ended").with_backend(BACKEND))
+            Err(
+                Error::new(ErrorKind::Backend, "the advisory acquire task ended")
+                    .with_backend(BACKEND),
+            )
         })
     }
 
@@ -159,100 +161,6 @@ impl Advisory {
         }
         detached(async move { shared.give_back(&surplus).await }).await
     }
-
-    pub(crate) async fn inspect(&self, pool: &PgPool, name: &LockName) -> Result<Option<LockInfo>> {
-        let what = format!("reading the advisory row on {}", self.shared.endpoint);
-        let row = self
-            .shared
-            .with_timeout(
-                &what,
-                query(&self.shared.sql.inspect)
-                    .bind(advisory_key(name.as_str()))
-                    .bind(name.as_str())
-                    .fetch_optional(pool),
-            )
-            .await
-            .map_err(|e| e.with_lock(name))?;
-        row.map(|row| info_of(&row, name)).transpose()
-    }
-
-    pub(crate) async fn list(&self, pool: &PgPool, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
-        let what = format!("listing the advisory rows on {}", self.shared.endpoint);
-        let rows = self
-            .shared
-            .with_timeout(&what, query(&self.shared.sql.list).bind(prefix).fetch_all(pool))
-            .await?;
-        let mut held = Vec::with_capacity(rows.len());
-        for row in rows {
-            let name: String = row.try_get(0).map_err(|e| map_error(e, &what))?;
-            let Ok(name) = LockName::new(name) else {
-                continue;
-            };
-            let info = info_of(&row, &name)?;
-            held.push((name, info));
-        }
-        Ok(held)
-    }
-
-    pub(crate) async fn proclaim(&self, pool: &PgPool, g: &Grant, value: &str) -> Result<bool> {
-        let what = format!("proclaiming on {}", self.shared.endpoint);
-        let n: i64 = self
-            .shared
-            .with_timeout(
-                &what,
-                sqlx::query_scalar(sqlx::AssertSqlSafe(self.shared.sql.proclaim.as_str()))
-                    .bind(advisory_key(g.name.as_str()))
-                    .bind(g.name.as_str())
-                    .bind(g.token.0 as i64)
-                    .bind(value)
-                    .bind(&self.shared.channel)
-                    .fetch_one(pool),
-            )
-            .await
-            .map_err(|e| e.with_lock(&g.name))?;
-        Ok(n > 0)
-    }
-
-    /// Deletes the row of the grant of `token` while its session holds the key: the holder
-    /// finds it gone at its next probe (within a third of the session bound), unlocks and
-    /// notifies.
-    pub(crate) async fn force_release(
-        &self,
-        pool: &PgPool,
-        name: &LockName,
-        token: FencingToken,
-    ) -> Result<bool> {
-        let what = format!("force-releasing on {}", self.shared.endpoint);
-        let n: i64 = self
-            .shared
-            .with_timeout(
-                &what,
-                sqlx::query_scalar(sqlx::AssertSqlSafe(self.shared.sql.force.as_str()))
-                    .bind(advisory_key(name.as_str()))
-                    .bind(name.as_str())
-                    .bind(token.0 as i64)
-                    .bind(&self.shared.channel)
-                    .fetch_one(pool),
-            )
-            .await
-            .map_err(|e| e.with_lock(name))?;
-        Ok(n > 0)
-    }
-
-    /// Deletes up to `batch` stale rows (their session no longer holds the key).
-    pub(crate) async fn sweep(&self, pool: &PgPool, batch: u32) -> Result<u64> {
-        let what = format!("sweeping stale advisory rows on {}", self.shared.endpoint);
-        let done = self
-            .shared
-            .with_timeout(
-                &what,
-                query(&self.shared.sql.sweep)
-                    .bind(i64::from(batch))
-                    .execute(pool),
-            )
-            .await?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// Runs `fut` in a task of its own: the caller may stop waiting, the work goes on.
@@ -260,31 +168,10 @@ async fn detached<T: Send + 'static>(
     fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
     tokio::spawn(fut).await.unwrap_or_else(|e| {
-        Err(Error::new(ErrorKind::Backend, format!("an advisory task failed: {e}"))
-            .with_backend(BACKEND))
-    })
-}
-
-fn info_of(row: &PgRow, name: &LockName) -> Result<LockInfo> {
-    let bad = |e: sqlx::Error| map_error(e, "reading the advisory row").with_lock(name);
-    let owner: String = row.try_get(1).map_err(bad)?;
-    let owner = OwnerId::parse(&owner).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            "the advisory row's owner is not a valid owner id (written by something else?)",
+        Err(
+            Error::new(ErrorKind::Backend, format!("an advisory task failed: {e}"))
+                .with_backend(BACKEND),
         )
-        .with_backend(BACKEND)
-        .with_lock(name)
-    })?;
-    let holds: i32 = row.try_get(2).map_err(bad)?;
-    let token: i64 = row.try_get(3).map_err(bad)?;
-    let since_ms: i64 = row.try_get(4).map_err(bad)?;
-    let value: Option<String> = row.try_get(5).map_err(bad)?;
-    let info = LockInfo::new(owner, holds as u32, FencingToken(token as u64), None)
-        .with_since_unix_ms(since_ms);
-    Ok(match value {
-        Some(v) => info.with_value(v),
-        None => info,
     })
 }
 
@@ -300,7 +187,14 @@ impl Shared {
         }
     }
 
-    fn grant(&self, req: &AcquireRequest, epoch: u64, token: i64, holds: u32, sent_at: Instant) -> Grant {
+    fn grant(
+        &self,
+        req: &AcquireRequest,
+        epoch: u64,
+        token: i64,
+        holds: u32,
+        sent_at: Instant,
+    ) -> Grant {
         let mut grant = Grant::new(
             req.name.clone(),
             req.owner.clone(),
@@ -339,12 +233,22 @@ impl Shared {
                 .await
                 .map_err(|e| e.with_lock(&req.name))?;
             if updated.rows_affected() == 0 {
-                st.kill("its row of a held key was gone");
-                return Err(session_lost(&req.name, "lost the lock it held"));
+                // The row was removed behind the holder's back (force-released): give the
+                // key up, as the next probe would.
+                let _ = self
+                    .release_hold(&mut st, &req.name, Held { holds: 1, ..h })
+                    .await;
+                return Err(lost(
+                    &req.name,
+                    "the advisory lock's row was removed (force-released)",
+                )
+                .with_backend(BACKEND));
             }
             st.held.get_mut(&req.name).expect("held").holds = holds;
             let epoch = st.epoch;
-            return Ok(Attempt::Granted(self.grant(req, epoch, h.token, holds, sent_at)));
+            return Ok(Attempt::Granted(
+                self.grant(req, epoch, h.token, holds, sent_at),
+            ));
         }
         if let Some((other, _)) = st.held.iter().find(|(_, h)| h.key == key) {
             return Err(collision(&req.name, other.as_str(), key));
@@ -357,7 +261,12 @@ impl Shared {
         let answer = self
             .on_session(&mut st, "taking an advisory lock", move |c| {
                 Box::pin(async move {
-                    let row = query(&sql).bind(key).bind(&name).bind(&owner).fetch_one(c).await?;
+                    let row = query(&sql)
+                        .bind(key)
+                        .bind(&name)
+                        .bind(&owner)
+                        .fetch_one(c)
+                        .await?;
                     let got: bool = row.try_get(0)?;
                     let token: Option<i64> = row.try_get(1)?;
                     let recorded: Option<String> = row.try_get(2)?;
@@ -374,7 +283,10 @@ impl Shared {
                     let unlocked = self
                         .on_session(&mut st, "unlocking after a failed acquire", move |c| {
                             Box::pin(async move {
-                                sqlx::query_scalar::<_, bool>(UNLOCK).bind(key).fetch_one(c).await
+                                sqlx::query_scalar::<_, bool>(UNLOCK)
+                                    .bind(key)
+                                    .fetch_one(c)
+                                    .await
                             })
                         })
                         .await;
@@ -401,14 +313,14 @@ impl Shared {
             }
             (true, None) => {
                 st.kill("took a key but wrote no row");
-                Err(Error::new(ErrorKind::Backend, "the advisory acquire wrote no row")
-                    .with_backend(BACKEND)
-                    .with_lock(&req.name))
+                Err(
+                    Error::new(ErrorKind::Backend, "the advisory acquire wrote no row")
+                        .with_backend(BACKEND)
+                        .with_lock(&req.name),
+                )
             }
             (false, _) => match recorded {
-                Some(other) if other != req.name.as_str() => {
-                    Err(collision(&req.name, &other, key))
-                }
+                Some(other) if other != req.name.as_str() => Err(collision(&req.name, &other, key)),
                 _ => Ok(Attempt::Held { expires_in: None }),
             },
         }
@@ -440,7 +352,12 @@ impl Shared {
             let holds = h.holds - 1;
             self.on_session(st, "releasing an advisory hold", move |c| {
                 Box::pin(async move {
-                    query(&sql).bind(key).bind(h.token).bind(holds as i32).execute(c).await
+                    query(&sql)
+                        .bind(key)
+                        .bind(h.token)
+                        .bind(holds as i32)
+                        .execute(c)
+                        .await
                 })
             })
             .await
@@ -530,9 +447,13 @@ impl Shared {
                             Ok(self.bound)
                         } else if held {
                             // Removed behind the holder's back: give the key up.
-                            let _ = self.release_hold(&mut st, name, Held { holds: 1, ..h }).await;
-                            Err(lost(name, "the advisory lock's row was removed (force-released)")
-                                .with_backend(BACKEND))
+                            let _ = self
+                                .release_hold(&mut st, name, Held { holds: 1, ..h })
+                                .await;
+                            Err(
+                                lost(name, "the advisory lock's row was removed (force-released)")
+                                    .with_backend(BACKEND),
+                            )
                         } else {
                             st.held.remove(name);
                             Err(session_lost(name, "no longer holds the key"))
@@ -565,7 +486,10 @@ mod tests {
     #[test]
     fn the_key_is_the_first_eight_bytes_of_the_sha256() {
         // SHA-256("abc") = ba7816bf 8f01cfea ...
-        assert_eq!(advisory_key("abc"), i64::from_be_bytes([0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea]));
+        assert_eq!(
+            advisory_key("abc"),
+            i64::from_be_bytes([0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea])
+        );
         assert_ne!(advisory_key("a"), advisory_key("A"));
     }
 }

@@ -53,7 +53,10 @@ impl State {
 /// Whether an error leaves the session's protocol state unknown (anything but an error the
 /// server reported for a statement).
 pub(super) fn breaks_session(e: &sqlx::Error) -> bool {
-    !matches!(e, sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. })
+    !matches!(
+        e,
+        sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. }
+    )
 }
 
 impl Shared {

@@ -99,7 +99,10 @@ pub(crate) struct AdvisoryStatements {
 impl AdvisoryStatements {
     pub(crate) fn new(locks: &str, fencing: &str) -> Self {
         let table = advisory_table(locks);
-        let fill = |s: &str| s.replace("{advisory}", &table).replace("{fencing}", fencing);
+        let fill = |s: &str| {
+            s.replace("{advisory}", &table)
+                .replace("{fencing}", fencing)
+        };
         let info = format!(
             "SELECT a.name, a.owner, a.hold_count, a.token, \
              (EXTRACT(EPOCH FROM a.since) * 1000)::bigint AS since_ms, a.value \

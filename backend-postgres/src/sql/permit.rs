@@ -18,8 +18,7 @@ ON CONFLICT (name) DO UPDATE SET token = c.token RETURNING c.token"#;
 
 /// `$1` name. Takes the row lock of the name's counter if it exists (a name without one has
 /// no permits).
-pub(crate) const COUNTER_HOLD: &str =
-    r#"SELECT token FROM "{fencing}" WHERE name = $1 FOR UPDATE"#;
+pub(crate) const COUNTER_HOLD: &str = r#"SELECT token FROM "{fencing}" WHERE name = $1 FOR UPDATE"#;
 
 /// `$1` name, `$2` owner, `$3` lease in µs, `$4` max. One row: what (`grant`, `reenter`,
 /// `held`, `lock`: held as a lock, `size`: held with another max), token, hold count,
