@@ -54,8 +54,8 @@ const MAX_TABLE_LEN: usize = 48;
 /// pool with [`from_pool`](PostgresConfig::from_pool)), then adjust it with the setters.
 /// Everything is checked by [`validate`](PostgresConfig::validate), which
 /// [`PostgresLock::connect`](crate::PostgresLock::connect) calls before any I/O: bad input is
-/// an [`ErrorKind::InvalidArgument`]. The shared options and the builder style are those of
-/// [`distlock_api::config`].
+/// an [`ErrorKind::InvalidArgument`](distlock_api::ErrorKind::InvalidArgument). The shared
+/// options and the builder style are those of [`distlock_api::config`].
 ///
 /// ```
 /// use std::time::Duration;
