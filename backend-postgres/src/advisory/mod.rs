@@ -1,9 +1,10 @@
 //! Advisory mode: session advisory locks (`pg_try_advisory_lock`) on one dedicated connection
 //! per client, whose lease is that session (see the crate docs, "Advisory mode").
 //!
-//! Every operation on the session runs in a task of its own, so a caller that stops waiting
-//! never cuts a statement in half; an acquire whose caller is gone when it is granted is
-//! released by that task.
+//! One statement at a time runs on the session (its state is behind an async mutex).
+//! Releases, renewals and give-backs run in tasks of their own, so a caller that stops waiting
+//! never cuts them in half; attempts are polled in the caller's task (see
+//! [`Advisory::attempt`]).
 
 mod rows;
 mod session;
@@ -18,7 +19,7 @@ use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, Result};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Row;
-use tokio::sync::{oneshot, Mutex};
+use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use self::session::{keepalive, query, Held, State};
@@ -109,28 +110,24 @@ impl Advisory {
     pub(crate) async fn open(&self) -> Result<()> {
         let shared = self.shared.clone();
         detached(async move {
-            let mut st = shared.state.lock().await;
+            let mut st = shared.lock_state().await;
             shared.session(&mut st).await.map(|_| ())
         })
         .await
     }
 
+    /// One attempt, polled in the caller's task so that its statement is written at once (a
+    /// waiter woken by a release asks before anyone the release's caller goes on to). The core
+    /// finishes an attempt whose caller left in a task of its own and releases a grant it won
+    /// ([`distlock_api::backend::wait`]); an attempt dropped outside a runtime, mid-statement,
+    /// leaves a mark that makes the next operation drop the session (whose locks the server
+    /// then frees) rather than guess what the statement did.
     pub(crate) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let (tx, rx) = oneshot::channel();
-        let (shared, req) = (self.shared.clone(), req.clone());
-        tokio::spawn(async move {
-            let answer = shared.attempt(&req).await;
-            if let Err(Ok(Attempt::Granted(grant))) = tx.send(answer) {
-                // The caller stopped waiting: nobody has this grant.
-                let _ = shared.release(&grant).await;
-            }
-        });
-        rx.await.unwrap_or_else(|_| {
-            Err(
-                Error::new(ErrorKind::Backend, "the advisory acquire task ended")
-                    .with_backend(BACKEND),
-            )
-        })
+        let mut st = self.shared.lock_state().await;
+        st.inflight = true;
+        let answer = self.shared.attempt_locked(&mut st, req).await;
+        st.inflight = false;
+        answer
     }
 
     pub(crate) async fn release(&self, grant: &Grant) -> Result<bool> {
@@ -150,7 +147,7 @@ impl Advisory {
     pub(crate) async fn give_back(&self, core: &ClientCore, surplus: &Surplus) -> Result<bool> {
         let (shared, surplus) = (self.shared.clone(), surplus.clone());
         let holds = {
-            let st = self.shared.state.lock().await;
+            let st = self.shared.lock_state().await;
             match st.held.get(&surplus.name) {
                 Some(h) if h.owner == surplus.owner => h.holds,
                 _ => return Ok(false),
@@ -207,9 +204,19 @@ impl Shared {
         grant
     }
 
-    async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        let key = advisory_key(req.name.as_str());
+    /// The session's state, locked; a session an attempt was dropped in the middle of is
+    /// dropped first.
+    async fn lock_state(&self) -> tokio::sync::MutexGuard<'_, State> {
         let mut st = self.state.lock().await;
+        if st.inflight {
+            st.inflight = false;
+            st.kill("an acquire was dropped in the middle of its statement");
+        }
+        st
+    }
+
+    async fn attempt_locked(&self, st: &mut State, req: &AcquireRequest) -> Result<Attempt> {
+        let key = advisory_key(req.name.as_str());
         let sent_at = Instant::now();
         if let Some(h) = st.held.get(&req.name).cloned() {
             if h.owner != req.owner {
@@ -220,7 +227,7 @@ impl Shared {
             let holds = h.holds + 1;
             let sql = self.sql.holds.clone();
             let updated = self
-                .on_session(&mut st, "re-entering an advisory lock", move |c| {
+                .on_session(st, "re-entering an advisory lock", move |c| {
                     Box::pin(async move {
                         query(&sql)
                             .bind(key)
@@ -236,7 +243,7 @@ impl Shared {
                 // The row was removed behind the holder's back (force-released): give the
                 // key up, as the next probe would.
                 let _ = self
-                    .release_hold(&mut st, &req.name, Held { holds: 1, ..h })
+                    .release_hold(st, &req.name, Held { holds: 1, ..h })
                     .await;
                 return Err(lost(
                     &req.name,
@@ -259,7 +266,7 @@ impl Shared {
             req.owner.text().to_string(),
         );
         let answer = self
-            .on_session(&mut st, "taking an advisory lock", move |c| {
+            .on_session(st, "taking an advisory lock", move |c| {
                 Box::pin(async move {
                     let row = query(&sql)
                         .bind(key)
@@ -281,7 +288,7 @@ impl Shared {
                 // outlives a rollback. Give it back, or end the session.
                 if st.conn.is_some() {
                     let unlocked = self
-                        .on_session(&mut st, "unlocking after a failed acquire", move |c| {
+                        .on_session(st, "unlocking after a failed acquire", move |c| {
                             Box::pin(async move {
                                 sqlx::query_scalar::<_, bool>(UNLOCK)
                                     .bind(key)
@@ -338,7 +345,7 @@ impl Shared {
     }
 
     async fn release(&self, g: &Grant) -> Result<bool> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock_state().await;
         let Some(h) = Self::holds_grant(&st, g) else {
             return Ok(false);
         };
@@ -390,7 +397,7 @@ impl Shared {
     }
 
     async fn give_back(&self, surplus: &Surplus) -> Result<bool> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock_state().await;
         let Some(h) = st
             .held
             .get(&surplus.name)
@@ -406,7 +413,7 @@ impl Shared {
     /// still records the grant. A key whose row was removed (an operator's force-release) is
     /// unlocked here.
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        let mut st = self.state.lock().await;
+        let mut st = self.lock_state().await;
         let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
         let mut asked = Vec::new();
         for (i, (g, _)) in grants.iter().enumerate() {

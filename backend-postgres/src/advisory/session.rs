@@ -34,6 +34,9 @@ pub(super) struct State {
     pub(super) epoch: u64,
     /// The names this session holds (empty whenever `conn` is `None`).
     pub(super) held: HashMap<LockName, Held>,
+    /// An acquire is between its start and its answer: if the state is locked again with this
+    /// set, the acquire was dropped mid-statement and the session's state is unknown.
+    pub(super) inflight: bool,
 }
 
 impl State {
@@ -172,7 +175,7 @@ pub(super) async fn keepalive(shared: Arc<Shared>) {
     let every = shared.bound / 3;
     loop {
         tokio::time::sleep(every).await;
-        let mut st = shared.state.lock().await;
+        let mut st = shared.lock_state().await;
         shared.ping(&mut st).await;
     }
 }
