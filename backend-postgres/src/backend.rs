@@ -14,7 +14,9 @@ use distlock_api::{
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::task::JoinHandle;
 
-use crate::config::PostgresConfig;
+use crate::advisory::sql::AdvisoryStatements;
+use crate::advisory::{Advisory, Setup};
+use crate::config::{Mode, PostgresConfig};
 use crate::notices::Listener;
 use crate::ops::Inner;
 use crate::schema::prepare;
@@ -30,6 +32,22 @@ pub const CAPABILITIES: Capabilities = Capabilities::new()
         LeaseKind::PerLock,
         Duration::from_millis(1),
         Duration::from_micros(1),
+    ))
+    .fair(false)
+    .fencing(Fencing::Durable)
+    .renewal(true)
+    .semaphore(true)
+    .election(true);
+
+/// What the PostgreSQL backend promises in advisory mode (`mode=advisory`): session advisory
+/// locks whose lease is the client's session, bounded by `session_timeout` (min 1 s).
+pub const ADVISORY_CAPABILITIES: Capabilities = Capabilities::new()
+    .reentrant(true)
+    .blocking(Blocking::Notify)
+    .ttl(TtlSupport::new(
+        LeaseKind::Session,
+        Duration::from_secs(1),
+        Duration::from_millis(1),
     ))
     .fair(false)
     .fencing(Fencing::Durable)
@@ -76,9 +94,17 @@ impl PostgresLock {
         }
         let endpoint = config.endpoint();
         let timeout = config.get_connect_timeout();
+        let advisory_sql = (config.get_mode() == Mode::Advisory)
+            .then(|| AdvisoryStatements::new(config.get_lock_table(), config.get_fencing_table()));
         let server_version = tokio::time::timeout(
             timeout,
-            prepare(&options, &sql, config.get_create_tables(), &endpoint),
+            prepare(
+                &options,
+                &sql,
+                advisory_sql.as_ref(),
+                config.get_create_tables(),
+                &endpoint,
+            ),
         )
         .await
         .map_err(|_| {
@@ -106,6 +132,20 @@ impl PostgresLock {
                 config.get_backoff(),
             )
         });
+        let advisory = advisory_sql.map(|sql| {
+            Advisory::new(Setup {
+                options: options.clone(),
+                sql,
+                bound: config.get_session_timeout(),
+                operation_timeout: config.get_operation_timeout(),
+                connect_timeout: timeout,
+                endpoint: endpoint.clone(),
+                channel: channel.clone(),
+            })
+        });
+        if let Some(advisory) = &advisory {
+            advisory.open().await?;
+        }
         let inner = Arc::new(Inner {
             pool: config.get_pool().cloned().unwrap_or_else(pool),
             holders: pool(),
@@ -119,6 +159,7 @@ impl PostgresLock {
             channel,
             listener,
             backoff: config.get_backoff(),
+            advisory,
         });
         let sweeper = config
             .get_sweep_interval()
@@ -166,12 +207,14 @@ impl PostgresLock {
             .is_some_and(Listener::listening)
     }
 
-    /// The holders' pool and the tables' names, for the test-only admin.
+    /// The holders' pool, the lock, permit and advisory tables' names, and the channel, for
+    /// the test-only admin.
     #[cfg(feature = "testing")]
-    pub(crate) fn admin_parts(&self) -> (&PgPool, &str, &str) {
+    pub(crate) fn admin_parts(&self) -> (&PgPool, [&str; 2], String, &str) {
         (
             &self.inner.holders,
-            &self.inner.sql.locks,
+            [&self.inner.sql.locks, &self.inner.sql.permits],
+            crate::advisory::sql::advisory_table(&self.inner.sql.locks),
             &self.inner.channel,
         )
     }
@@ -202,12 +245,20 @@ impl DistributedLock for PostgresLock {
     fn profile(&self) -> Profile {
         // With notices, waiters attempt again on each release of the name (and at the holder's
         // expiry, a crashed holder sending none); without, they poll with the backoff.
+        let declared = match &self.inner.advisory {
+            Some(a) => ADVISORY_CAPABILITIES.ttl(TtlSupport::new(
+                LeaseKind::Session,
+                a.bound(),
+                Duration::from_millis(1),
+            )),
+            None => CAPABILITIES,
+        };
         let (capabilities, waiting) = match self.inner.listener {
-            Some(_) => (CAPABILITIES, Waiting::Notify),
+            Some(_) => (declared, Waiting::Notify),
             None => {
                 let (base, cap) = self.inner.backoff;
                 (
-                    CAPABILITIES.blocking(Blocking::Poll),
+                    declared.blocking(Blocking::Poll),
                     Waiting::Poll(Backoff::new(base, cap)),
                 )
             }
@@ -222,7 +273,10 @@ impl DistributedLock for PostgresLock {
     }
 
     async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
-        self.inner.attempt(req).await
+        match &self.inner.advisory {
+            Some(a) => a.attempt(req).await,
+            None => self.inner.attempt(req).await,
+        }
     }
 
     /// `LISTEN` on the lock table's channel (one session per client, opened at the first
@@ -238,35 +292,70 @@ impl DistributedLock for PostgresLock {
     }
 
     async fn release(&self, grant: &Grant) -> Result<bool> {
-        self.inner.release(grant).await
+        match &self.inner.advisory {
+            Some(a) => a.release(grant).await,
+            None => self.inner.release(grant).await,
+        }
     }
 
     async fn renew(&self, grant: &Grant, ttl: Duration) -> Result<Duration> {
-        let mut results = self.inner.renew_many(&[(grant.clone(), ttl)]).await;
+        let mut results = self.renew_many(&[(grant.clone(), ttl)]).await;
         results.pop().expect("one result per grant")
     }
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        self.inner.renew_many(grants).await
+        match &self.inner.advisory {
+            Some(a) => a.renew_many(grants).await,
+            None => self.inner.renew_many(grants).await,
+        }
     }
 
     async fn proclaim(&self, grant: &Grant, value: &str) -> Result<bool> {
-        self.inner.proclaim(grant, value).await
+        match &self.inner.advisory {
+            Some(a) => a.proclaim(&self.inner.holders, grant, value).await,
+            None => self.inner.proclaim(grant, value).await,
+        }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
+        match &self.inner.advisory {
+            Some(a) => a.inspect(&self.inner.pool, name).await,
+            None => self.inner.inspect(name).await,
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(LockName, LockInfo)>> {
-        self.inner.list(prefix).await
+        match &self.inner.advisory {
+            Some(a) => a.list(&self.inner.pool, prefix).await,
+            None => self.inner.list(prefix).await,
+        }
     }
 
+    /// A semaphore's permit by its token (one transaction), a lock's grant by its releases;
+    /// in advisory mode, the grant's row (its holder unlocks at its next probe).
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {
-        distlock_api::backend::force_release_by_releases(self, name, token).await
+        if let Some(a) = &self.inner.advisory {
+            return a.force_release(&self.inner.holders, name, token).await;
+        }
+        match self.inner.inspect(name).await? {
+            None => Ok(false),
+            Some(info) if info.permits.1 > 1 => {
+                self.inner
+                    .force_release_permit(name, info.owner, token, info.permits.1)
+                    .await
+            }
+            Some(_) => distlock_api::backend::force_release_by_releases(self, name, token).await,
+        }
     }
 
+    /// The owner's permit of the name if it has one, else the lock's way.
     async fn give_back(&self, surplus: &Surplus) -> Result<bool> {
-        distlock_api::backend::give_back_by_release(self, surplus).await
+        if let Some(a) = &self.inner.advisory {
+            return a.give_back(&self.core, surplus).await;
+        }
+        match self.inner.give_back_permit(&self.core, surplus).await? {
+            Some(given) => Ok(given),
+            None => distlock_api::backend::give_back_by_release(self, surplus).await,
+        }
     }
 }

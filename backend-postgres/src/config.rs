@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use distlock_api::backend::wait::Backoff;
 use distlock_api::config::{ConfigUrl, HostPort};
-use distlock_api::{ClientOptions, Error, ErrorKind, Result, DEFAULT_TTL};
+use distlock_api::{ClientOptions, Error, Result, DEFAULT_TTL};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
 /// The default lock table.
@@ -28,6 +28,20 @@ pub const DEFAULT_SWEEP_BATCH: u32 = 100;
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(2);
 /// The default longest backoff step of a waiting acquire.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_millis(100);
+/// The default session bound of advisory mode: the server ends a session idle this long (its
+/// `idle_session_timeout`), and the client probes its session every third of it.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a client keeps its locks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Rows of the lock table, each with its lease on the server's clock (the default).
+    #[default]
+    Table,
+    /// Session advisory locks (`pg_try_advisory_lock`) on one dedicated connection per client,
+    /// whose lease is that session (see the crate docs, "Advisory mode").
+    Advisory,
+}
 
 const MAX_POOL_SIZE: u32 = 1_000;
 const MAX_SWEEP_BATCH: u32 = 10_000;
@@ -40,8 +54,8 @@ const MAX_TABLE_LEN: usize = 48;
 /// pool with [`from_pool`](PostgresConfig::from_pool)), then adjust it with the setters.
 /// Everything is checked by [`validate`](PostgresConfig::validate), which
 /// [`PostgresLock::connect`](crate::PostgresLock::connect) calls before any I/O: bad input is
-/// an [`ErrorKind::InvalidArgument`]. The shared options and the builder style are those of
-/// [`distlock_api::config`].
+/// an [`ErrorKind::InvalidArgument`](distlock_api::ErrorKind::InvalidArgument). The shared
+/// options and the builder style are those of [`distlock_api::config`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -73,6 +87,8 @@ pub struct PostgresConfig {
     backoff: (Duration, Duration),
     notices: bool,
     statement_cache: bool,
+    mode: Mode,
+    session_timeout: Duration,
     pool: Option<PgPool>,
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: crate::tls::Tls,
@@ -100,6 +116,8 @@ impl PostgresConfig {
             backoff: (DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP),
             notices: true,
             statement_cache: true,
+            mode: Mode::Table,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
             pool: None,
             tls: crate::tls::Tls::default(),
         }
@@ -156,7 +174,8 @@ impl PostgresConfig {
     /// `operation_timeout`) and `pool_size`, `lock_table`, `fencing_table`, `sweep_interval`
     /// (`0s` turns the sweeper off), `sweep_batch`, `create_tables`, `notices` (`LISTEN` for
     /// releases, default `true`), `statement_cache` (`false` behind a transaction-pooling proxy
-    /// that cannot keep prepared statements), `mode` (`table`, the only mode so far), and with
+    /// that cannot keep prepared statements), `mode` (`table`, the default, or `advisory`),
+    /// `session_timeout` (advisory mode's session bound, default 10 s), and with
     /// the `tls` feature `sslmode` (`disable`, `prefer`, `require`, `verify-ca`,
     /// `verify-full`) and `sslrootcert` (a PEM file). Anything else is an `InvalidArgument`.
     pub fn from_url(raw: &str) -> Result<Self> {
@@ -197,15 +216,15 @@ impl PostgresConfig {
         config.statement_cache = q.take_bool("statement_cache")?.unwrap_or(true);
         match q.take_str("mode").as_deref() {
             None | Some("table") => {}
-            Some("advisory") => {
-                return Err(url.error(
-                    ErrorKind::Unsupported,
-                    "mode=advisory (session advisory locks) is not built yet: use mode=table",
-                ))
-            }
+            Some("advisory") => config.mode = Mode::Advisory,
             Some(other) => {
-                return Err(url.invalid(format!("mode={other}: the modes are `table`")));
+                return Err(url.invalid(format!(
+                    "mode={other}: the modes are `table` and `advisory`"
+                )));
             }
+        }
+        if let Some(bound) = q.take_duration(&["session_timeout"])? {
+            config.session_timeout = bound;
         }
         config.tls.take_from(&mut q)?;
         q.finish(&[
@@ -218,6 +237,7 @@ impl PostgresConfig {
             "notices",
             "statement_cache",
             "mode",
+            "session_timeout",
             "sslmode",
             "sslrootcert",
         ])?;
@@ -236,6 +256,12 @@ impl PostgresConfig {
         }
         check_table("lock table", &self.lock_table).map_err(err)?;
         check_table("fencing table", &self.fencing_table).map_err(err)?;
+        if crate::sql::permit_table(&self.lock_table) == self.fencing_table {
+            return Err(err(format!(
+                "the fencing table {:?} is the lock table's permit table; they must differ",
+                self.fencing_table
+            )));
+        }
         if self.lock_table == self.fencing_table {
             return Err(err(format!(
                 "the lock table and the fencing table are both {:?}; they must differ",
@@ -254,6 +280,14 @@ impl PostgresConfig {
             return Err(err(format!(
                 "sweep batch {} is outside 1..={MAX_SWEEP_BATCH}",
                 self.sweep_batch
+            )));
+        }
+        if self.session_timeout < Duration::from_secs(1)
+            || self.session_timeout > Duration::from_secs(24 * 3600)
+        {
+            return Err(err(format!(
+                "session timeout {:?} is outside 1s..=24h",
+                self.session_timeout
             )));
         }
         let (base, cap) = self.backoff;
@@ -327,6 +361,30 @@ impl PostgresConfig {
     pub fn statement_cache(mut self, on: bool) -> Self {
         self.statement_cache = on;
         self
+    }
+
+    /// Where the client keeps its locks (default [`Mode::Table`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Advisory mode's session bound (default 10 s, 1 s to 24 h): the server ends the
+    /// client's lock session once it has been idle this long (`idle_session_timeout`), the
+    /// client probes it every third of it, and a grant's lease is this bound.
+    pub fn session_timeout(mut self, bound: Duration) -> Self {
+        self.session_timeout = bound;
+        self
+    }
+
+    /// The mode.
+    pub fn get_mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Advisory mode's session bound.
+    pub fn get_session_timeout(&self) -> Duration {
+        self.session_timeout
     }
 
     /// Whether notices are on.
@@ -426,6 +484,8 @@ impl fmt::Debug for PostgresConfig {
             .field("backoff", &self.backoff)
             .field("notices", &self.notices)
             .field("statement_cache", &self.statement_cache)
+            .field("mode", &self.mode)
+            .field("session_timeout", &self.session_timeout)
             .field("own_pool", &self.pool.is_some())
             .finish()
     }
@@ -452,6 +512,7 @@ fn check_table(what: &str, name: &str) -> std::result::Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use distlock_api::ErrorKind;
 
     #[test]
     fn full_url_is_parsed() {
@@ -491,8 +552,13 @@ mod tests {
             let e = PostgresConfig::from_url(url).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{url}: {e}");
         }
-        let e = PostgresConfig::from_url("postgres://h/db?mode=advisory").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        let c = PostgresConfig::from_url("postgres://h/db?mode=advisory&session_timeout_ms=2500")
+            .unwrap();
+        assert_eq!(c.get_mode(), Mode::Advisory);
+        assert_eq!(c.get_session_timeout(), Duration::from_millis(2500));
+        let e = PostgresConfig::from_url("postgres://h/db?mode=advisory&session_timeout_ms=10")
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         assert_eq!(
             PostgresConfig::from_url("postgres://h/db")
                 .unwrap()

@@ -2,11 +2,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod advisory;
 mod backend;
 mod config;
 mod error;
 mod notices;
 mod ops;
+mod permit;
 mod schema;
 mod sql;
 mod sweep;
@@ -14,11 +16,12 @@ mod sweep;
 pub mod testing;
 mod tls;
 
-pub use backend::{PostgresLock, CAPABILITIES};
+pub use advisory::advisory_key;
+pub use backend::{PostgresLock, ADVISORY_CAPABILITIES, CAPABILITIES};
 pub use config::{
-    PostgresConfig, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_CONNECT_TIMEOUT,
+    Mode, PostgresConfig, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FENCING_TABLE, DEFAULT_LOCK_TABLE, DEFAULT_OPERATION_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_SWEEP_BATCH, DEFAULT_SWEEP_INTERVAL,
+    DEFAULT_SESSION_TIMEOUT, DEFAULT_SWEEP_BATCH, DEFAULT_SWEEP_INTERVAL,
 };
 pub use distlock_api::{
     Capabilities, DistributedLock, Error, ErrorKind, FencingToken, Lease, LockExt, LockGuard,
@@ -50,6 +53,12 @@ pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDe
 pub const LOCK_TABLE_DDL: &str = include_str!("sql/create_locks.sql");
 /// The DDL of the fencing table, as `connect` runs it (`{fencing}` stands for the table name).
 pub const FENCING_TABLE_DDL: &str = include_str!("sql/create_fencing.sql");
+/// The DDL of the permit table, as `connect` runs it (`{permits}` stands for the table name:
+/// the lock table's with `_permits`).
+pub const PERMIT_TABLE_DDL: &str = include_str!("sql/create_permits.sql");
+/// The DDL of advisory mode's key table, as `connect` runs it in that mode (`{advisory}` stands
+/// for the table name: the lock table's with `_advisory`).
+pub const ADVISORY_TABLE_DDL: &str = include_str!("sql/create_advisory.sql");
 
 #[cfg(test)]
 mod tests {
@@ -57,17 +66,24 @@ mod tests {
 
     #[test]
     fn docs_show_the_capability_checklist() {
-        assert!(
-            include_str!("../docs.md").contains(&CAPABILITIES.checklist()),
-            "docs.md must contain:\n{}",
-            CAPABILITIES.checklist()
-        );
+        for caps in [CAPABILITIES, ADVISORY_CAPABILITIES] {
+            assert!(
+                include_str!("../docs.md").contains(&caps.checklist()),
+                "docs.md must contain:\n{}",
+                caps.checklist()
+            );
+        }
     }
 
     #[test]
     fn docs_show_the_ddl() {
         let docs = include_str!("../docs.md");
-        for ddl in [LOCK_TABLE_DDL, FENCING_TABLE_DDL] {
+        for ddl in [
+            LOCK_TABLE_DDL,
+            FENCING_TABLE_DDL,
+            PERMIT_TABLE_DDL,
+            ADVISORY_TABLE_DDL,
+        ] {
             assert!(docs.contains(ddl.trim()), "docs.md must contain:\n{ddl}");
         }
     }

@@ -41,10 +41,12 @@ pub(crate) struct Inner {
     pub(crate) listener: Option<Listener>,
     /// The backoff of waiters when notices are off.
     pub(crate) backoff: (Duration, Duration),
+    /// Advisory mode's session, in that mode.
+    pub(crate) advisory: Option<crate::advisory::Advisory>,
 }
 
 impl Inner {
-    fn query<'q>(
+    pub(crate) fn query<'q>(
         &self,
         sql: &'q str,
     ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
@@ -53,7 +55,12 @@ impl Inner {
 
     /// Runs `op` within the operation timeout, again at once on a conflict the server rolled
     /// back; errors name `what`, the server and the lock.
-    async fn run<T, F, Fut>(&self, what: &str, name: Option<&LockName>, op: F) -> Result<T>
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        what: &str,
+        name: Option<&LockName>,
+        op: F,
+    ) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = sqlx::Result<T>>,
@@ -75,6 +82,9 @@ impl Inner {
     }
 
     pub(crate) async fn attempt(&self, req: &AcquireRequest) -> Result<Attempt> {
+        if req.permits > 1 {
+            return self.attempt_permit(req).await;
+        }
         let ttl_us = micros(req.ttl);
         let owner = req.owner.text();
         let sent_at = Instant::now();
@@ -102,6 +112,9 @@ impl Inner {
             )))
         } else {
             let left: Option<i64> = row.try_get(3).map_err(bad)?;
+            if let Some(size) = row.try_get::<Option<i32>, _>(4).map_err(bad)? {
+                return Err(held_as_semaphore(&req.name, size as u32, 1));
+            }
             Ok(Attempt::Held {
                 expires_in: left.map(|us| Duration::from_micros(us.max(0) as u64)),
             })
@@ -109,6 +122,9 @@ impl Inner {
     }
 
     pub(crate) async fn release(&self, g: &Grant) -> Result<bool> {
+        if g.permits > 1 {
+            return self.release_permit(g, Some(g.owner.text().as_ref())).await;
+        }
         let owner = g.owner.text();
         let released: i64 = self
             .run("releasing", Some(&g.name), || {
@@ -127,8 +143,33 @@ impl Inner {
         Ok(released > 0)
     }
 
-    /// One statement for every grant of `grants`; one result per grant, in order.
+    /// One statement for every lock grant of `grants`, one short transaction for each permit;
+    /// one result per grant, in order.
     pub(crate) async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        if grants.iter().all(|(g, _)| g.permits <= 1) {
+            return self.renew_locks(grants).await;
+        }
+        let locks: Vec<(Grant, Duration)> = grants
+            .iter()
+            .filter(|(g, _)| g.permits <= 1)
+            .cloned()
+            .collect();
+        let mut locks = self.renew_locks(&locks).await.into_iter();
+        let mut results = Vec::with_capacity(grants.len());
+        for (g, ttl) in grants {
+            if g.permits > 1 {
+                results.push(self.renew_permit(g, *ttl).await);
+            } else {
+                results.push(locks.next().expect("one result per lock grant"));
+            }
+        }
+        results
+    }
+
+    async fn renew_locks(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+        if grants.is_empty() {
+            return Vec::new();
+        }
         let names: Vec<&str> = grants.iter().map(|(g, _)| g.name.as_str()).collect();
         let owners: Vec<String> = grants.iter().map(|(g, _)| g.owner.text().into()).collect();
         let tokens: Vec<i64> = grants.iter().map(|(g, _)| g.token.0 as i64).collect();
@@ -245,21 +286,62 @@ impl Inner {
             total += n;
             self.swept.fetch_add(n, Ordering::Relaxed);
             if n < u64::from(self.sweep_batch) {
-                return Ok(total);
+                break;
             }
         }
+        loop {
+            let done = self
+                .run("sweeping expired permits", None, || {
+                    self.query(&self.sql.permit.sweep)
+                        .bind(i64::from(self.sweep_batch))
+                        .execute(&self.pool)
+                })
+                .await?;
+            let n = done.rows_affected();
+            total += n;
+            self.swept.fetch_add(n, Ordering::Relaxed);
+            if n < u64::from(self.sweep_batch) {
+                break;
+            }
+        }
+        if let Some(advisory) = &self.advisory {
+            loop {
+                let n = advisory.sweep(&self.pool, self.sweep_batch).await?;
+                total += n;
+                self.swept.fetch_add(n, Ordering::Relaxed);
+                if n < u64::from(self.sweep_batch) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
 /// An error for each of several grants: the same kind, message and temporariness.
-fn clone_error(e: &Error) -> Error {
+pub(crate) fn clone_error(e: &Error) -> Error {
     Error::new(e.kind(), e.to_string())
         .with_backend(BACKEND)
         .temporary(e.is_temporary())
 }
 
+/// The refusal of a request for `asked` permits (1: the lock) on a name held as a semaphore
+/// of `size`.
+pub(crate) fn held_as_semaphore(name: &LockName, size: u32, asked: u32) -> Error {
+    let asked = match asked {
+        1 => "1 (the lock)".to_string(),
+        n => n.to_string(),
+    };
+    Error::invalid(format!(
+        "held as a semaphore of {size} permit(s), not {asked}: a name's size is fixed while \
+         permits are held"
+    ))
+    .with_backend(BACKEND)
+    .with_lock(name)
+}
+
 /// A lease in whole microseconds, rounded down (never promise more than the server was told).
-fn micros(d: Duration) -> i64 {
+pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
@@ -267,7 +349,10 @@ fn micros(d: Duration) -> i64 {
 fn info_of(row: &PgRow, name: &LockName) -> Result<Option<LockInfo>> {
     let bad = |e: sqlx::Error| map_error(e, "reading the lock row").with_lock(name);
     let remaining_us: i64 = row.try_get(4).map_err(bad)?;
-    if remaining_us <= 0 {
+    // A marker whose permits have all just run out shows no live permit.
+    let marker: bool = row.try_get(7).map_err(bad)?;
+    let live: i64 = row.try_get::<Option<i64>, _>(8).map_err(bad)?.unwrap_or(0);
+    if remaining_us <= 0 || (marker && live == 0) {
         return Ok(None);
     }
     let owner: String = row.try_get(1).map_err(bad)?;
@@ -283,13 +368,17 @@ fn info_of(row: &PgRow, name: &LockName) -> Result<Option<LockInfo>> {
     let token: i64 = row.try_get(3).map_err(bad)?;
     let since_ms: i64 = row.try_get(5).map_err(bad)?;
     let value: Option<String> = row.try_get(6).map_err(bad)?;
-    let info = LockInfo::new(
+    let mut info = LockInfo::new(
         owner,
         holds as u32,
         FencingToken(token as u64),
         Some(Duration::from_micros(remaining_us as u64)),
     )
     .with_since_unix_ms(since_ms);
+    if row.try_get::<bool, _>(7).map_err(bad)? {
+        let size: i32 = row.try_get(9).map_err(bad)?;
+        info = info.with_permits(live as u32, size as u32);
+    }
     Ok(Some(match value {
         Some(v) => info.with_value(v),
         None => info,

@@ -5,6 +5,7 @@ use distlock_api::{Error, ErrorKind, Result};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
 
+use crate::advisory::sql::AdvisoryStatements;
 use crate::error::map_error;
 use crate::sql::Statements;
 use crate::BACKEND;
@@ -15,6 +16,7 @@ use crate::BACKEND;
 pub(crate) async fn prepare(
     options: &PgConnectOptions,
     sql: &Statements,
+    advisory: Option<&AdvisoryStatements>,
     create: bool,
     endpoint: &str,
 ) -> Result<String> {
@@ -28,17 +30,31 @@ pub(crate) async fn prepare(
         .await
         .map_err(|e| map_error(e, &what("reading the server version")))?;
     let exists: bool = sqlx::query_scalar(
-        "SELECT to_regclass(quote_ident($1)) IS NOT NULL AND to_regclass(quote_ident($2)) IS NOT NULL",
+        "SELECT to_regclass(quote_ident($1)) IS NOT NULL AND to_regclass(quote_ident($2)) IS NOT NULL \
+         AND to_regclass(quote_ident($3)) IS NOT NULL",
     )
     .bind(&sql.locks)
     .bind(&sql.fencing)
+    .bind(&sql.permits)
     .fetch_one(&mut conn)
     .await
     .map_err(|e| map_error(e, &what("looking for the tables")))?;
+    let exists = match advisory {
+        Some(a) => {
+            exists
+                && sqlx::query_scalar::<_, bool>("SELECT to_regclass(quote_ident($1)) IS NOT NULL")
+                    .bind(&a.table)
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| map_error(e, &what("looking for the tables")))?
+        }
+        None => exists,
+    };
     if !exists && create {
         let ddl = format!(
-            "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext('distlock: create tables'));\n{}\nCOMMIT;",
-            sql.create_tables()
+            "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext('distlock: create tables'));\n{}\n{}\nCOMMIT;",
+            sql.create_tables(),
+            advisory.map(|a| a.create.as_str()).unwrap_or_default()
         );
         sqlx::raw_sql(AssertSqlSafe(ddl))
             .execute(&mut conn)
@@ -51,7 +67,25 @@ pub(crate) async fn prepare(
         sql.locks
     );
     let probe_fencing = format!("SELECT name, token FROM \"{}\" LIMIT 0", sql.fencing);
-    for (table, probe) in [(&sql.locks, probe), (&sql.fencing, probe_fencing)] {
+    let probe_permits = format!(
+        "SELECT name, owner, token, hold_count, expires_at, since FROM \"{}\" LIMIT 0",
+        sql.permits
+    );
+    let mut probes = vec![
+        (&sql.locks, probe),
+        (&sql.fencing, probe_fencing),
+        (&sql.permits, probe_permits),
+    ];
+    if let Some(a) = advisory {
+        probes.push((
+            &a.table,
+            format!(
+                "SELECT key, name, owner, token, hold_count, pid, since, value FROM \"{}\" LIMIT 0",
+                a.table
+            ),
+        ));
+    }
+    for (table, probe) in probes {
         if let Err(e) = sqlx::query(AssertSqlSafe(probe)).execute(&mut conn).await {
             return Err(Error::new(
                 ErrorKind::Backend,

@@ -9,13 +9,18 @@
 //! grants, counted from that instant, still ends no earlier than the request's send plus the
 //! TTL.
 
-/// The statements of one client, for its lock table `locks` and fencing table `fencing`.
+pub(crate) mod permit;
+
+/// The statements of one client, for its lock table `locks`, fencing table `fencing` and
+/// permit table `permits`.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
     pub(crate) locks: String,
     pub(crate) fencing: String,
+    pub(crate) permits: String,
     /// `$1` name, `$2` owner, `$3` lease in µs. One row: granted (bool), token, hold count,
-    /// and (when held by another) the holder's µs of lease left.
+    /// (when held by another) the holder's µs of lease left, and (when the holder is a
+    /// semaphore's marker) the semaphore's max.
     pub(crate) acquire: String,
     /// `$1` name, `$2` owner, `$3` token, `$4` the channel. One row: how many holds were taken
     /// away from a live grant (0 or 1).
@@ -23,7 +28,9 @@ pub(crate) struct Statements {
     /// `$1` names, `$2` owners, `$3` tokens, `$4` leases in µs (arrays of one length). The
     /// 1-based positions of the grants renewed.
     pub(crate) renew: String,
-    /// `$1` name. The live grant: owner, hold count, token, µs left, since (ms), value.
+    /// `$1` name. The live grant: owner, hold count, token, µs left, since (ms), value; for a
+    /// semaphore (its marker) the oldest live permit's, with whether it is a marker, how many
+    /// permits are live, and the max.
     pub(crate) inspect: String,
     /// `$1` prefix. Every live grant whose name starts with it, the name first, in name order.
     pub(crate) list: String,
@@ -31,11 +38,31 @@ pub(crate) struct Statements {
     pub(crate) proclaim: String,
     /// `$1` rows at most. Deletes expired rows.
     pub(crate) sweep: String,
+    /// The permits' statements ([`permit`]).
+    pub(crate) permit: PermitStatements,
+}
+
+/// The statements of the permit table, with the table names spliced in.
+#[derive(Clone, Debug)]
+pub(crate) struct PermitStatements {
+    pub(crate) counter_lock: String,
+    pub(crate) counter_hold: String,
+    pub(crate) acquire: String,
+    pub(crate) release: String,
+    pub(crate) renew: String,
+    pub(crate) owned: String,
+    pub(crate) sweep: String,
 }
 
 impl Statements {
     pub(crate) fn new(locks: &str, fencing: &str) -> Self {
-        let fill = |s: &str| s.replace("{locks}", locks).replace("{fencing}", fencing);
+        let permits = permit_table(locks);
+        let fill = |s: &str| {
+            s.replace("{locks}", locks)
+                .replace("{fencing}", fencing)
+                .replace("{permits}", &permits)
+                .replace("{marker}", permit::MARKER)
+        };
         Self {
             locks: locks.to_string(),
             fencing: fencing.to_string(),
@@ -50,17 +77,33 @@ impl Statements {
             )),
             proclaim: fill(PROCLAIM),
             sweep: fill(SWEEP),
+            permit: PermitStatements {
+                counter_lock: fill(permit::COUNTER_LOCK),
+                counter_hold: fill(permit::COUNTER_HOLD),
+                acquire: fill(permit::ACQUIRE),
+                release: fill(permit::RELEASE),
+                renew: fill(permit::RENEW),
+                owned: fill(permit::OWNED),
+                sweep: fill(permit::SWEEP),
+            },
+            permits,
         }
     }
 
-    /// The DDL of both tables, as `connect` runs it.
+    /// The DDL of the three tables, as `connect` runs it.
     pub(crate) fn create_tables(&self) -> String {
         format!(
-            "{}\n{}",
+            "{}\n{}\n{}",
             crate::LOCK_TABLE_DDL.replace("{locks}", &self.locks),
-            crate::FENCING_TABLE_DDL.replace("{fencing}", &self.fencing)
+            crate::FENCING_TABLE_DDL.replace("{fencing}", &self.fencing),
+            crate::PERMIT_TABLE_DDL.replace("{permits}", &self.permits)
         )
     }
+}
+
+/// The permit table of the lock table `locks`: its name with `_permits`.
+pub(crate) fn permit_table(locks: &str) -> String {
+    format!("{locks}_permits")
 }
 
 /// One statement: the counter is bumped (taking its row lock until commit) unless the row, as
@@ -71,7 +114,7 @@ impl Statements {
 /// loses a race (or re-enters) leaves a gap, never a repeat.
 const ACQUIRE: &str = r#"WITH t AS MATERIALIZED (SELECT clock_timestamp() AS now),
 cur AS (
-    SELECT l.owner, l.expires_at > t.now AS live,
+    SELECT l.owner, l.hold_count, l.expires_at > t.now AS live,
            (EXTRACT(EPOCH FROM (l.expires_at - t.now)) * 1000000)::bigint AS remaining_us
     FROM "{locks}" l, t WHERE l.name = $1
 ),
@@ -93,9 +136,12 @@ won AS (
     WHERE x.expires_at <= (SELECT now FROM t) OR x.owner = EXCLUDED.owner
     RETURNING x.token, x.hold_count
 )
-SELECT true AS granted, won.token, won.hold_count, NULL::bigint AS remaining_us FROM won
+SELECT true AS granted, won.token, won.hold_count, NULL::bigint AS remaining_us,
+       NULL::integer AS size FROM won
 UNION ALL
-SELECT false, NULL, NULL, (SELECT remaining_us FROM cur) WHERE NOT EXISTS (SELECT 1 FROM won)"#;
+SELECT false, NULL, NULL, (SELECT remaining_us FROM cur),
+       (SELECT hold_count FROM cur WHERE cur.live AND cur.owner = '{marker}')
+WHERE NOT EXISTS (SELECT 1 FROM won)"#;
 
 /// The last hold (or an expired grant) deletes the row and notifies the table's channel with
 /// the name as payload (delivered at commit); an earlier hold takes one away. Only the grant
@@ -128,12 +174,23 @@ WHERE l.name = r.name AND l.owner = r.owner AND l.token = r.token AND l.expires_
 RETURNING r.i"#;
 
 /// The columns inspect and list read; the value only under the epoch it was proclaimed in.
+/// A semaphore's marker shows its oldest live permit (the permit table is read only for a
+/// marker: the lateral subquery's filter on the marker's owner is checked once per row).
 const INFO: &str = r#"WITH t AS MATERIALIZED (SELECT clock_timestamp() AS now)
-SELECT l.name, l.owner, l.hold_count, l.token,
-       (EXTRACT(EPOCH FROM (l.expires_at - t.now)) * 1000000)::bigint AS remaining_us,
-       (EXTRACT(EPOCH FROM l.since) * 1000)::bigint AS since_ms,
-       CASE WHEN l.value_epoch = l.token THEN l.value END AS value
-FROM "{locks}" l, t"#;
+SELECT l.name, coalesce(p.owner, l.owner), coalesce(p.hold_count, l.hold_count),
+       coalesce(p.token, l.token),
+       (EXTRACT(EPOCH FROM (coalesce(p.expires_at, l.expires_at) - t.now)) * 1000000)::bigint
+           AS remaining_us,
+       (EXTRACT(EPOCH FROM coalesce(p.since, l.since)) * 1000)::bigint AS since_ms,
+       CASE WHEN l.value_epoch = l.token THEN l.value END AS value,
+       l.owner = '{marker}' AS marker, p.n, l.hold_count AS size
+FROM "{locks}" l CROSS JOIN t
+LEFT JOIN LATERAL (
+    SELECT p.owner, p.hold_count, p.token, p.expires_at, p.since, count(*) OVER () AS n
+    FROM "{permits}" p
+    WHERE l.owner = '{marker}' AND p.name = l.name AND p.expires_at > t.now
+    ORDER BY p.token LIMIT 1
+) p ON true"#;
 
 /// The value with the grant's token as its epoch, only while the grant holds; observers hear
 /// of it on the channel.
