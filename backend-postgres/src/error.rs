@@ -72,3 +72,9 @@ pub(crate) fn timed_out(what: &str, limit: std::time::Duration) -> Error {
     .with_backend(BACKEND)
     .temporary(true)
 }
+/// An error for each of several grants: the same kind, message and temporariness.
+pub(crate) fn clone_error(e: &Error) -> Error {
+    Error::new(e.kind(), e.to_string())
+        .with_backend(BACKEND)
+        .temporary(e.is_temporary())
+}

@@ -190,7 +190,7 @@ impl Inner {
             Err(e) => {
                 return grants
                     .iter()
-                    .map(|(g, _)| Err(clone_error(&e).with_lock(&g.name)))
+                    .map(|(g, _)| Err(crate::error::clone_error(&e).with_lock(&g.name)))
                     .collect()
             }
         };
@@ -316,13 +316,6 @@ impl Inner {
         }
         Ok(total)
     }
-}
-
-/// An error for each of several grants: the same kind, message and temporariness.
-pub(crate) fn clone_error(e: &Error) -> Error {
-    Error::new(e.kind(), e.to_string())
-        .with_backend(BACKEND)
-        .temporary(e.is_temporary())
 }
 
 /// The refusal of a request for `asked` permits (1: the lock) on a name held as a semaphore

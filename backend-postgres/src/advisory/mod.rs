@@ -140,7 +140,7 @@ impl Advisory {
         let n = grants.len();
         match detached(async move { Ok(shared.renew_many(&grants).await) }).await {
             Ok(results) => results,
-            Err(e) => (0..n).map(|_| Err(crate::ops::clone_error(&e))).collect(),
+            Err(e) => (0..n).map(|_| Err(crate::error::clone_error(&e))).collect(),
         }
     }
 
@@ -473,7 +473,7 @@ impl Shared {
                         results[i] = Some(if st.conn.is_none() {
                             Err(session_lost(&g.name, "was dropped after a failed probe"))
                         } else {
-                            Err(crate::ops::clone_error(&e).with_lock(&g.name))
+                            Err(crate::error::clone_error(&e).with_lock(&g.name))
                         });
                     }
                 }
