@@ -92,12 +92,12 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Parses `redis://[user:password@]host[:port][/db][?options]` or `rediss://…` (TLS,
-    /// with the `tls` feature; without it [`Unsupported`](ErrorKind::Unsupported)). distlock
+    /// with the `tls` feature; without it [`Unsupported`](distlock_api::ErrorKind::Unsupported)). distlock
     /// reads `key_prefix` and the shared options of [`distlock_api::config`] (`owner`,
     /// `default_ttl`, `connect_timeout`, `operation_timeout`, its older name
     /// `response_timeout`, and their `_ms` spellings); the rest go to the `redis` driver
     /// (e.g. `protocol=resp3`).
-    /// A malformed URL is [`InvalidArgument`](ErrorKind::InvalidArgument); no I/O happens.
+    /// A malformed URL is [`InvalidArgument`](distlock_api::ErrorKind::InvalidArgument); no I/O happens.
     ///
     /// `redis+cluster://[user:password@]host:port,host:port,…[?options]` (`rediss+cluster://`
     /// for TLS) is a Redis Cluster reached through any of the listed seed nodes (the rest are
@@ -231,7 +231,7 @@ impl RedLockConfig {
 
     /// One `redis::Client` per independent master, built by the application (see
     /// [`RedisConfig::from_client`]); at least [`MIN_REDLOCK_INSTANCES`], all distinct, else
-    /// [`InvalidArgument`](ErrorKind::InvalidArgument).
+    /// [`InvalidArgument`](distlock_api::ErrorKind::InvalidArgument).
     pub fn from_clients(clients: impl IntoIterator<Item = redis::Client>) -> Result<Self> {
         let config = Self {
             endpoints: clients.into_iter().map(endpoint_of_client).collect(),
