@@ -24,6 +24,10 @@ use crate::sql::Statements;
 use crate::sweep::sweep_loop;
 use crate::BACKEND;
 
+/// A pooled connection idle longer than this is pinged before use, so a server restart or an
+/// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
+
 /// What the PostgreSQL backend promises (table mode).
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
@@ -121,6 +125,17 @@ impl PostgresLock {
             PgPoolOptions::new()
                 .max_connections(config.get_pool_size())
                 .acquire_timeout(timeout)
+                // sqlx pings every connection it hands out by default: a round trip per lock
+                // operation. Ping only connections that sat idle long enough to go stale.
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for > PING_IDLE_AFTER {
+                            sqlx::Connection::ping(conn).await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_lazy_with(options.clone())
         };
         let channel = format!("{}_released", config.get_lock_table());

@@ -49,13 +49,21 @@ WHERE key = $1 AND token = $2 AND pid = pg_backend_pid()"#;
 /// `$1` key, `$2` token, `$3` the channel, `$4` name. Deletes the grant's row, unlocks the key
 /// (at once: session locks are not transactional) and notifies (at commit). One row: whether
 /// the session held the key.
+///
+/// The commit does not wait for the disk (`synchronous_commit` off for this transaction
+/// only): the row is believed only while `pg_locks` shows its session holding the key, so a
+/// delete lost in a server crash leaves a row nobody believes (the next grant of the key
+/// overwrites it, the sweeper removes it), and the key itself was never on disk. The acquire's
+/// commit, which carries the fencing counter, still waits for the disk.
 const RELEASE: &str = r#"WITH gone AS (
     DELETE FROM "{advisory}" WHERE key = $1 AND token = $2 AND pid = pg_backend_pid()
     RETURNING 1
 ),
 u AS MATERIALIZED (SELECT pg_advisory_unlock($1) AS ok),
-told AS (SELECT pg_notify($3, $4) FROM u WHERE u.ok)
-SELECT u.ok, (SELECT count(*) FROM gone) + 0 * (SELECT count(*) FROM told) AS rows FROM u"#;
+told AS (SELECT pg_notify($3, $4) FROM u WHERE u.ok),
+lazy AS (SELECT set_config('synchronous_commit', 'off', true) AS s)
+SELECT u.ok, (SELECT count(*) FROM gone) + 0 * (SELECT count(*) FROM told)
+       + 0 * (SELECT count(*) FROM lazy) AS rows FROM u"#;
 
 /// `$1` key. Unlocks it once.
 pub(crate) const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";

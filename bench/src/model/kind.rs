@@ -10,17 +10,19 @@ pub(crate) enum Kind {
     Redis,
     Redlock,
     Mysql,
+    Postgres,
     Mongo,
     Zk,
     Etcd,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 7] = [
+    pub(crate) const ALL: [Kind; 8] = [
         Kind::Memory,
         Kind::Redis,
         Kind::Redlock,
         Kind::Mysql,
+        Kind::Postgres,
         Kind::Mongo,
         Kind::Zk,
         Kind::Etcd,
@@ -33,6 +35,7 @@ impl Kind {
             Kind::Redis => &distlock_redis::DESCRIPTOR,
             Kind::Redlock => &distlock_redis::REDLOCK_DESCRIPTOR,
             Kind::Mysql => &distlock_mysql::DESCRIPTOR,
+            Kind::Postgres => &distlock_postgres::DESCRIPTOR,
             Kind::Mongo => &distlock_mongo::DESCRIPTOR,
             Kind::Zk => &distlock_zk::DESCRIPTOR,
             Kind::Etcd => &distlock_etcd::DESCRIPTOR,

@@ -333,9 +333,9 @@ pub(crate) struct MajorityDown {
 /// Scenario 7: another crate on the same server, measured in alternating slices with ours.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PeerResult {
-    /// e.g. `rslock 0.10 (1 instance)`.
+    /// e.g. `rslock 0.10 (1 instance)`, `sqlx 0.9 PgAdvisoryLock`.
     pub(crate) peer: String,
-    /// The distlock backend it is compared with (`redis`, `redlock`).
+    /// The distlock backend it is compared with (`redis`, `redlock`, `postgres`).
     pub(crate) against: String,
     pub(crate) peer_cycle: Option<Latency>,
     pub(crate) peer_per_sec: f64,
@@ -343,11 +343,24 @@ pub(crate) struct PeerResult {
     pub(crate) distlock_per_sec: f64,
     /// What each side sends per cycle.
     pub(crate) note: String,
+    /// The distlock side, where it is not the backend's default (e.g. PostgreSQL's advisory
+    /// mode).
+    #[serde(default)]
+    pub(crate) distlock: Option<String>,
     pub(crate) error: Option<String>,
     /// On one server: the server's own microseconds per cycle (`INFO commandstats`),
     /// distlock's and the peer's.
     #[serde(default)]
     pub(crate) server_us_per_cycle: Option<(f64, f64)>,
+}
+
+impl PeerResult {
+    /// The distlock side as the report names it: `distlock-redis`, or what `distlock` says.
+    pub(crate) fn distlock_name(&self) -> String {
+        self.distlock
+            .clone()
+            .unwrap_or_else(|| format!("distlock-{}", self.against))
+    }
 }
 
 /// Section 8: a library a user would pick instead of distlock, on the same server in the same

@@ -169,9 +169,10 @@ pub(super) fn peers(r: &Results, doc: &mut Vec<Block>) {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     for p in &r.peers {
+        let ours_name = p.distlock_name();
         match (&p.distlock_cycle, &p.peer_cycle) {
             (Some(ours), Some(theirs)) => rows.push(vec![
-                format!("distlock-{} vs {}", p.against, p.peer),
+                format!("{ours_name} vs {}", p.peer),
                 us(ours.p50_us),
                 us(ours.p99_us),
                 rate(p.distlock_per_sec),
@@ -181,14 +182,14 @@ pub(super) fn peers(r: &Results, doc: &mut Vec<Block>) {
                 ratio(ours.p50_us / theirs.p50_us),
             ]),
             _ => rows.push(vec![
-                format!("distlock-{} vs {}", p.against, p.peer),
+                format!("{ours_name} vs {}", p.peer),
                 format!(
                     "not measured: {}",
                     p.error.clone().unwrap_or_else(|| "no result".into())
                 ),
             ]),
         }
-        notes.push(format!("**vs {}:** {}.", p.peer, p.note));
+        notes.push(format!("**{ours_name} vs {}:** {}.", p.peer, p.note));
     }
     doc.push(table(
         &[
@@ -196,10 +197,10 @@ pub(super) fn peers(r: &Results, doc: &mut Vec<Block>) {
             "distlock p50",
             "distlock p99",
             "distlock cycles/s",
-            "rslock p50",
-            "rslock p99",
-            "rslock cycles/s",
-            "distlock ÷ rslock (p50)",
+            "peer p50",
+            "peer p99",
+            "peer cycles/s",
+            "distlock ÷ peer (p50)",
         ],
         rows,
     ));
@@ -314,5 +315,35 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("(about 3 s)"), "{md}");
+    }
+
+    #[test]
+    fn a_peer_row_names_the_distlock_side_it_was_measured_against() {
+        let mut r = example();
+        r.peers = vec![crate::model::PeerResult {
+            peer: "sqlx 0.9 PgAdvisoryLock".into(),
+            against: "postgres".into(),
+            peer_cycle: Some(latency(20.0, 40.0)),
+            peer_per_sec: 40_000.0,
+            distlock_cycle: Some(latency(360.0, 900.0)),
+            distlock_per_sec: 2_500.0,
+            note: "what each sends".into(),
+            distlock: Some("distlock-postgres (advisory mode)".into()),
+            error: None,
+            server_us_per_cycle: None,
+        }];
+        let md = markdown(&build(&r));
+        assert!(md.contains("## 7. Rust crates on the same servers"), "{md}");
+        assert!(
+            md.contains(
+                "| distlock-postgres (advisory mode) vs sqlx 0.9 PgAdvisoryLock | 360 µs | 900 µs \
+                 | 2.5k/s | 20 µs | 40 µs | 40k/s | 18.00× |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("**distlock-postgres (advisory mode) vs sqlx 0.9 PgAdvisoryLock:** what each sends."),
+            "{md}"
+        );
     }
 }

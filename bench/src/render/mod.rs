@@ -117,10 +117,10 @@ pub(crate) fn summary_lines(r: &Results) -> Vec<String> {
     for p in &r.peers {
         if let (Some(ours), Some(theirs)) = (&p.distlock_cycle, &p.peer_cycle) {
             lines.push(format!(
-                "{:<18} cycle p50 {} vs distlock-{} {}",
+                "{:<18} cycle p50 {} vs {} {}",
                 p.peer,
                 us(theirs.p50_us),
-                p.against,
+                p.distlock_name(),
                 us(ours.p50_us)
             ));
         }

@@ -82,11 +82,10 @@ pub(crate) fn snippet(r: &Results) -> String {
         if let (Some(ours), Some(theirs)) = (&p.distlock_cycle, &p.peer_cycle) {
             let _ = writeln!(
                 out,
-                "\n{} on the same server in the same run: {} a cycle against distlock-{}'s {} \
-                 ({}).",
+                "\n{} on the same server in the same run: {} a cycle against {}'s {} ({}).",
                 p.peer,
                 us(theirs.p50_us),
-                p.against,
+                p.distlock_name(),
                 us(ours.p50_us),
                 ratio(ours.p50_us / theirs.p50_us)
             );

@@ -1,5 +1,5 @@
-//! Running the benchmark: every scenario against every backend that answers, the rslock peer
-//! and the peer libraries, filling the [model](crate::model). Nothing here knows how the
+//! Running the benchmark: every scenario against every backend that answers, the Rust peers
+//! (rslock, sqlx) and the peer libraries, filling the [model](crate::model). Nothing here knows how the
 //! report looks; the lines it prints as it goes are handed in by the caller.
 
 mod contention;
@@ -60,7 +60,8 @@ pub(crate) async fn all(sel: &Selection<'_>, lines: &Lines) -> Results {
         false => 0,
     };
     let prim_steps = prims::steps(sel.kinds, sel.libraries, s.permits, s.failover);
-    let progress = Progress::new(steps + sel.peer as usize + prim_steps);
+    let sqlx_peer = s.locks && sel.kinds.contains(&Kind::Postgres);
+    let progress = Progress::new(steps + sel.peer as usize + sqlx_peer as usize + prim_steps);
 
     let mut backends = Vec::new();
     let mut peers = Vec::new();
@@ -72,6 +73,11 @@ pub(crate) async fn all(sel: &Selection<'_>, lines: &Lines) -> Results {
         if sel.peer {
             progress.stage("rslock", "peer cycle");
             peers = peer::run(&plan, &progress, sel.kinds.contains(&Kind::Redlock)).await;
+            progress.step();
+        }
+        if sqlx_peer {
+            progress.stage("sqlx", "peer cycle");
+            peers.extend(peer::sqlx(&plan, &progress).await);
             progress.step();
         }
         libraries = libraries::run(sel.libraries, &plan, &progress, &backends, lines.library).await;

@@ -1,15 +1,21 @@
-//! Scenario 7: `rslock`, the most-used Rust Redis lock crate, on the same servers in the same
-//! run, in alternating slices with distlock's Redis (and RedLock) backend.
+//! Scenario 7: the Rust crates a user would pick instead, on the same servers in the same run,
+//! in alternating slices with distlock's backend for that server: `rslock`, the most-used Rust
+//! Redis lock crate, against distlock's Redis (and RedLock) backend, and sqlx's
+//! `PgAdvisoryLock` against distlock's PostgreSQL backend in both its modes.
 //!
 //! The two do not buy the same thing per cycle: rslock sends `SET NX PX` and a compare-and-delete
 //! script (no fencing token, no reentrancy, no wake-up notice, no watchdog), distlock-redis one
 //! acquire script (hash + fencing `INCR`) and one release script (+ `PUBLISH`). Both are two
-//! round trips, so the comparison shows client-side cost, not protocol differences.
+//! round trips, so the comparison shows client-side cost, not protocol differences. sqlx's lock
+//! is a session advisory lock on a connection the caller holds: no lease, no token, no notice.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::LockOptions;
+use distlock_postgres::sqlx::postgres::{PgAdvisoryLock, PgConnection};
+use distlock_postgres::sqlx::ConnectOptions;
+use distlock_postgres::{Mode, PostgresConfig, PostgresLock};
 use distlock_redis::redis;
 use rslock::LockManager;
 
@@ -82,6 +88,7 @@ pub(crate) async fn run(plan: &Plan, progress: &Progress, with_redlock: bool) ->
                       (hash, fencing INCR) + EVALSHA release (+ PUBLISH); both 2 round trips"
                     .into(),
             },
+            distlock: None,
             error: None,
             server_us_per_cycle: None,
         };
@@ -178,4 +185,100 @@ async fn server_us_per_cycle(urls: &[String], cycle: &mut dyn Cycle, cycles: u32
     let after = busy_us().await?;
     // The INFO calls themselves are counted once in `after`: negligible against the cycles.
     Ok((after - before) / f64::from(cycles))
+}
+
+/// sqlx's version, as the lock file pins it.
+const SQLX: &str = "sqlx 0.9 PgAdvisoryLock";
+
+struct SqlxCycle {
+    conn: PgConnection,
+    lock: PgAdvisoryLock,
+}
+
+#[async_trait]
+impl Cycle for SqlxCycle {
+    async fn once(&mut self) -> Res<()> {
+        let guard = self.lock.acquire(&mut self.conn).await?;
+        guard.release_now().await?;
+        Ok(())
+    }
+}
+
+/// sqlx's advisory lock against distlock-postgres in table mode (the default) and in advisory
+/// mode (the same server mechanism as sqlx's).
+pub(crate) async fn sqlx(plan: &Plan, progress: &Progress) -> Vec<PeerResult> {
+    let mut out = Vec::new();
+    for mode in [Mode::Table, Mode::Advisory] {
+        let (distlock, note) = match mode {
+            Mode::Table => (
+                None,
+                "sqlx: `SELECT pg_advisory_lock($1)` + `SELECT pg_advisory_unlock($1)` on one \
+                 connection the caller holds (no lease: the lock lives as long as the session; \
+                 no token, no notice; nothing written); distlock table mode: one acquire \
+                 statement (row upsert + fencing counter bump) + one release statement (delete \
+                 + `pg_notify`), each a durable commit; both 2 round trips",
+            ),
+            Mode::Advisory => (
+                Some("distlock-postgres (advisory mode)".to_string()),
+                "sqlx as above; distlock advisory mode, on the client's dedicated session: \
+                 `pg_try_advisory_lock`, the fencing counter bump and the holder's row (its \
+                 token) in one statement, the row's delete, `pg_advisory_unlock` and \
+                 `pg_notify` in another, each a durable commit; both 2 round trips",
+            ),
+        };
+        let mut result = PeerResult {
+            peer: SQLX.into(),
+            against: Kind::Postgres.id().into(),
+            peer_cycle: None,
+            peer_per_sec: 0.0,
+            distlock_cycle: None,
+            distlock_per_sec: 0.0,
+            note: note.into(),
+            distlock,
+            error: None,
+            server_us_per_cycle: None,
+        };
+        match compare_sqlx(mode, plan).await {
+            Ok((ours, theirs)) => {
+                result.distlock_per_sec = ours.per_sec();
+                result.distlock_cycle = Some(ours.latencies.summary());
+                result.peer_per_sec = theirs.per_sec();
+                result.peer_cycle = Some(theirs.latencies.summary());
+            }
+            Err(e) => {
+                progress.note(&format!("sqlx vs postgres ({mode:?}): not measured ({e})"));
+                result.error = Some(e.to_string());
+            }
+        }
+        out.push(result);
+    }
+    out
+}
+
+async fn compare_sqlx(mode: Mode, plan: &Plan) -> Res<(Measured, Measured)> {
+    let config = PostgresConfig::from_url(&Kind::Postgres.url())?
+        .connect_timeout(Duration::from_secs(3))
+        .mode(mode);
+    let conn = tokio::time::timeout(Duration::from_secs(3), config.connect_options().connect())
+        .await
+        .map_err(|_| "no PostgreSQL connection within 3 s")??;
+    let mut ours = LockCycle {
+        lock: std::sync::Arc::new(PostgresLock::connect(config).await?),
+        name: unique_name("peer-distlock"),
+        opts: LockOptions::new().wait(ACQUIRE_WAIT),
+    };
+    let mut theirs = SqlxCycle {
+        conn,
+        lock: PgAdvisoryLock::new(unique_name("peer-sqlx")),
+    };
+    let measured = measure_cycles(
+        &mut [&mut ours, &mut theirs],
+        plan.warmup,
+        plan.slice,
+        plan.slices,
+    )
+    .await?;
+    let [ours, theirs] = <[Measured; 2]>::try_from(measured)
+        .map_err(|_| "measure_cycles returned the wrong number of results")?;
+    Ok((ours, theirs))
 }

@@ -6,6 +6,7 @@ mod etcd;
 mod memory;
 mod mongo;
 mod mysql;
+mod postgres;
 mod private;
 mod redis;
 mod zk;
@@ -60,6 +61,7 @@ impl Kind {
             Kind::Memory => return "nothing to start: the backend is in-process".into(),
             Kind::Redis | Kind::Redlock => "redis",
             Kind::Mysql => "mariadb",
+            Kind::Postgres => "postgres",
             Kind::Mongo => "mongo",
             Kind::Zk => "zookeeper",
             Kind::Etcd => "etcd",
@@ -149,6 +151,7 @@ pub(crate) async fn open(kind: Kind) -> Res<Box<dyn Target>> {
             Kind::Redis => Box::new(redis::RedisTarget::open(&url).await?),
             Kind::Redlock => Box::new(redis::RedlockTarget::open(&url).await?),
             Kind::Mysql => Box::new(mysql::MysqlTarget::open(&url).await?),
+            Kind::Postgres => Box::new(postgres::PostgresTarget::open(&url).await?),
             Kind::Mongo => Box::new(mongo::MongoTarget::open(&url).await?),
             Kind::Zk => Box::new(zk::ZkTarget::open(&url).await?),
             Kind::Etcd => Box::new(etcd::EtcdTarget::open(&url).await?),

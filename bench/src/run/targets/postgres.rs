@@ -1,0 +1,133 @@
+//! PostgreSQL (table mode, the backend's default). The floor is the least a lock cycle on a
+//! table needs: the `INSERT` of the lock row and its conditional `DELETE`, in autocommit, into
+//! the backend's own table with the backend's column values, over one raw sqlx connection. The
+//! backend sends the same two statements, each with more inside it: the acquire also bumps the
+//! durable fencing counter (an upsert in the same statement), the release also notifies the
+//! table's channel, and both read the server's clock once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use distlock_api::{OwnerId, SharedLock};
+use distlock_postgres::sqlx::postgres::PgConnection;
+use distlock_postgres::sqlx::{self, AssertSqlSafe, ConnectOptions};
+use distlock_postgres::{PostgresConfig, PostgresLock};
+
+use super::{Floor, FloorOps, Kind, Target};
+use crate::error::Res;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The floor's lease: long enough that nothing expires mid-cycle.
+const FLOOR_TTL_US: i64 = 30_000_000;
+
+pub(crate) struct PostgresTarget {
+    config: PostgresConfig,
+    version: String,
+}
+
+impl PostgresTarget {
+    pub(crate) async fn open(url: &str) -> Res<Self> {
+        let config = PostgresConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
+        // Connecting creates the tables the floor writes to, and reads the version.
+        let lock = PostgresLock::connect(config.clone()).await?;
+        Ok(Self {
+            version: lock.server_version().to_string(),
+            config,
+        })
+    }
+
+    /// One raw connection, as the floor and the sqlx peer use.
+    pub(crate) async fn raw(&self) -> Res<PgConnection> {
+        Ok(
+            tokio::time::timeout(CONNECT_TIMEOUT, self.config.connect_options().connect())
+                .await
+                .map_err(|_| "no PostgreSQL connection within the connect timeout")??,
+        )
+    }
+}
+
+#[async_trait]
+impl Target for PostgresTarget {
+    fn kind(&self) -> Kind {
+        Kind::Postgres
+    }
+
+    async fn server_version(&self) -> Res<String> {
+        Ok(self.version.clone())
+    }
+
+    async fn client(&self) -> Res<SharedLock> {
+        Ok(Arc::new(PostgresLock::connect(self.config.clone()).await?))
+    }
+
+    async fn client_ttl(&self, ttl: Duration) -> Res<SharedLock> {
+        Ok(Arc::new(
+            PostgresLock::connect(self.config.clone().default_ttl(ttl)).await?,
+        ))
+    }
+
+    async fn floor(&self) -> Res<Box<dyn Floor>> {
+        let table = self.config.get_lock_table();
+        Ok(Box::new(PostgresFloor {
+            conn: self.raw().await?,
+            insert: format!(
+                "INSERT INTO \"{table}\" (name, owner, token, hold_count, expires_at, since) \
+                 VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 microsecond', \
+                 clock_timestamp())"
+            )
+            .into(),
+            delete: format!(
+                "DELETE FROM \"{table}\" WHERE name = $1 AND owner = $2 AND token = $3 \
+                 AND hold_count = 1 AND expires_at > clock_timestamp()"
+            )
+            .into(),
+            owner: OwnerId::random(),
+            token: 0,
+        }))
+    }
+
+    fn floor_ops(&self) -> FloorOps {
+        FloorOps {
+            what: "`INSERT` of the lock row + conditional `DELETE` (autocommit, prepared, the \
+                   backend's table and columns)",
+            round_trips: 2,
+        }
+    }
+}
+
+struct PostgresFloor {
+    conn: PgConnection,
+    /// `Arc<str>` so the driver's prepared-statement cache hits, as in the backend.
+    insert: Arc<str>,
+    delete: Arc<str>,
+    owner: OwnerId,
+    token: i64,
+}
+
+#[async_trait]
+impl Floor for PostgresFloor {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
+        self.token += 1;
+        let owner = self.owner.text();
+        let conn = &mut self.conn;
+        sqlx::query(AssertSqlSafe(self.insert.clone()))
+            .bind(name)
+            .bind(&owner)
+            .bind(self.token)
+            .bind(FLOOR_TTL_US)
+            .execute(&mut *conn)
+            .await?;
+        let release = Instant::now();
+        let deleted = sqlx::query(AssertSqlSafe(self.delete.clone()))
+            .bind(name)
+            .bind(&owner)
+            .bind(self.token)
+            .execute(&mut *conn)
+            .await?;
+        if deleted.rows_affected() != 1 {
+            return Err("floor: the delete did not remove the lock row".into());
+        }
+        Ok(release.elapsed())
+    }
+}
