@@ -201,3 +201,69 @@ async fn a_hand_over_a_paused_server_applies_late_leaves_nothing_held() {
     assert!(g3.release().await.unwrap());
     assert!(b.holder(name).await.unwrap().is_none());
 }
+
+/// An observer whose server pauses past the leader's lease (its reads time out, its
+/// subscription goes quiet) comes back to the truth once the server answers: it shows the
+/// leader that took over, under a later epoch, and never the deposed leader again.
+#[tokio::test]
+async fn an_observer_reads_again_after_a_paused_server_and_shows_the_new_leader() {
+    if skipped() {
+        return;
+    }
+    let server = PrivateRedis::start_free();
+    let ttl = Duration::from_millis(1000);
+    let with_ttl = |owner: &str| {
+        RedisConfig::from_url(&server.url())
+            .unwrap()
+            .response_timeout(Duration::from_millis(300))
+            .default_ttl(ttl)
+            .owner(OwnerId::new(owner).unwrap())
+    };
+    let old = Arc::new(RedisLock::connect(with_ttl("old-leader")).await.unwrap());
+    let new = Arc::new(RedisLock::connect(with_ttl("new-leader")).await.unwrap());
+    let watcher = client(&server).await;
+    let name = "observed-through-a-pause";
+    let wait = LockOptions::new().wait(Duration::from_secs(10));
+    let first = old.election(name).unwrap().campaign("old", &wait).await.unwrap();
+    let mut observer = watcher
+        .election(name)
+        .unwrap()
+        .observe()
+        .every(Duration::from_millis(50));
+    let shown = observer.next().await.unwrap().expect("a leader");
+    assert_eq!((shown.epoch, shown.value.as_deref()), (first.epoch(), Some("old")));
+
+    // Past the lease: the leader's renewals fail, so does every read of the observer.
+    server.signal("STOP");
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), observer.next()).await.is_ok_and(|r| r.is_err()),
+        "a read of a paused server answered"
+    );
+    server.signal("CONT");
+    tokio::time::timeout(Duration::from_secs(5), first.lost())
+        .await
+        .expect("the leader never learned its lease ran out during the pause");
+    let second = new.election(name).unwrap().campaign("new", &wait).await.unwrap();
+    assert!(second.epoch() > first.epoch());
+
+    let mut seen = Vec::new();
+    let latest = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match observer.next().await {
+                Ok(Some(l)) if l.epoch == second.epoch() && l.value.is_some() => break l,
+                Ok(state) => seen.push(state),
+                Err(_) => {} // a read at the edge of the pause; the next call reads again
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the observer never showed the new leader; it showed {seen:?}"));
+    assert_eq!(latest.value.as_deref(), Some("new"));
+    assert_eq!(latest.owner, OwnerId::new("new-leader").unwrap());
+    assert!(
+        seen.iter().flatten().all(|l| l.epoch > first.epoch()),
+        "the deposed leader was shown again after the pause: {seen:?}"
+    );
+    assert!(second.resign().await.unwrap());
+}

@@ -82,13 +82,16 @@ impl Options {
                     // DISTLOCK_SKIP, passed on by scripts/faults: ids of backends left out.
                     let v = value()?;
                     let skip: Vec<&str> = v.split(',').map(str::trim).collect();
+                    // A mode goes with its backend (postgres takes postgres-advisory along).
+                    let skipped =
+                        |b: &Backend| skip.contains(&b.key()) || skip.contains(&b.server_key());
                     o.skipped = o
                         .backends
                         .iter()
-                        .filter(|b| skip.contains(&b.key()))
+                        .filter(|b| skipped(b))
                         .map(|b| b.key())
                         .collect();
-                    o.backends.retain(|b| !skip.contains(&b.key()));
+                    o.backends.retain(|b| !skipped(b));
                 }
                 "-h" | "--help" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other:?}")),

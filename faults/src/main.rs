@@ -36,6 +36,22 @@ pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
     }
 }
 
+/// Sends `signal` to the process group `pgid` leads, through kill(1).
+pub(crate) fn signal_group(pgid: u32, signal: &str) -> Result<(), String> {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run kill(1): {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill -{signal} -- -{pgid} failed ({status})"))
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

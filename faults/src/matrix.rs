@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use distlock_api::backend::testing::AdminFn;
-use distlock_api::{BackendDescriptor, LeaseKind};
+use distlock_api::{BackendDescriptor, Capabilities, LeaseKind};
 
 /// A backend the campaign runs against.
 #[derive(Clone, Copy)]
@@ -15,6 +15,18 @@ pub(crate) struct Backend {
     pub(crate) descriptor: &'static BackendDescriptor,
     /// Its test-only admin; `None` for the in-memory store (no server to act on).
     pub(crate) admin: Option<AdminFn>,
+    /// A mode of the backend chosen by URL options: its key, the options, and what it
+    /// promises (PostgreSQL's advisory mode). `None`: the descriptor's id and capabilities.
+    pub(crate) mode: Option<Mode>,
+}
+
+/// A backend's mode: a second set of cells for one crate.
+#[derive(Clone, Copy)]
+pub(crate) struct Mode {
+    pub(crate) key: &'static str,
+    /// Appended to every URL of the backend.
+    pub(crate) options: &'static str,
+    pub(crate) capabilities: Capabilities,
 }
 
 impl std::fmt::Debug for Backend {
@@ -29,47 +41,76 @@ pub(crate) fn backends() -> Vec<Backend> {
         Backend {
             descriptor: &distlock_redis::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_redis::REDLOCK_DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_redis::testing::redlock_admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_mysql::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_mysql::testing::admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_postgres::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_postgres::testing::admin(url))),
+            mode: None,
+        },
+        Backend {
+            descriptor: &distlock_postgres::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_postgres::testing::admin(url))),
+            // The session bound is the campaign's session lease (see `ttl`).
+            mode: Some(Mode {
+                key: "postgres-advisory",
+                options: "mode=advisory&session_timeout=2s",
+                capabilities: distlock_postgres::ADVISORY_CAPABILITIES,
+            }),
         },
         Backend {
             descriptor: &distlock_mongo::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_mongo::testing::admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_zk::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_zk::testing::admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_etcd::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_etcd::testing::admin(url))),
+            mode: None,
         },
         Backend {
             descriptor: &distlock_api::MEMORY,
             admin: None,
+            mode: None,
         },
     ]
 }
 
 impl Backend {
-    /// Its key on the command line and in the report: the descriptor's id.
+    /// Its key on the command line and in the report: the descriptor's id, or the mode's.
     pub(crate) fn key(&self) -> &'static str {
+        self.mode.map_or(self.descriptor.id, |m| m.key)
+    }
+
+    /// Which server it talks to: the descriptor's id (a mode's server is its backend's).
+    pub(crate) fn server_key(&self) -> &'static str {
         self.descriptor.id
+    }
+
+    /// What it promises.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        self.mode
+            .map_or(self.descriptor.capabilities, |m| m.capabilities)
     }
 
     /// Whether each grant has its own lease (else it lives as long as the session or lease).
     pub(crate) fn per_lock(&self) -> bool {
-        self.descriptor.capabilities.ttl.kind == LeaseKind::PerLock
+        self.capabilities().ttl.kind == LeaseKind::PerLock
     }
 
     /// The shared server's URL (the descriptor's test URL).
@@ -88,12 +129,13 @@ impl Backend {
         }
     }
 
-    /// `url` with the session settings the campaign needs.
+    /// `url` with the session settings the campaign needs (and the mode's options).
     pub(crate) fn with_session(&self, url: &str) -> String {
         let sep = if url.contains('?') { '&' } else { '?' };
-        match self.key() {
-            "zk" => format!("{url}{sep}session_timeout_ms={}", self.ttl().as_millis()),
-            "etcd" => format!("{url}{sep}lease_ttl_ms={}", self.ttl().as_millis()),
+        match (self.key(), self.mode) {
+            ("zk", _) => format!("{url}{sep}session_timeout_ms={}", self.ttl().as_millis()),
+            ("etcd", _) => format!("{url}{sep}lease_ttl_ms={}", self.ttl().as_millis()),
+            (_, Some(mode)) => format!("{url}{sep}{}", mode.options),
             _ => url.to_string(),
         }
     }
@@ -340,9 +382,10 @@ impl Scenario {
             Scenario::ServerPause | Scenario::ServerRestart if key == "redlock" => {
                 Err("a master down is the masters-down-k rows")
             }
-            Scenario::ServerPause | Scenario::ServerRestart if key == "postgres" => {
-                Err("no private PostgreSQL server in the campaign yet (the shared one is never faulted)")
-            }
+            Scenario::ServerRestart if key == "postgres-advisory" => Err(
+                "a restart frees session locks at once, before a holder can learn of it: \
+                 advisory mode's documented window, where the fencing token protects",
+            ),
             Scenario::ServerRestartVolatile if key != "redis" => {
                 Err("its server always keeps its data (a restart without persistence is Redis's)")
             }

@@ -91,7 +91,7 @@ async fn run_inner(
     let ttl = backend.ttl();
     let members = scenario.members();
     let mut server = if members > 0 {
-        let kind = Kind::of(backend.key()).ok_or("no server kind for this backend")?;
+        let kind = Kind::of(backend.server_key()).ok_or("no server kind for this backend")?;
         let volatile = matches!(
             scenario,
             Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
@@ -122,7 +122,7 @@ async fn run_inner(
     let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
     // A semaphore and an election beside the locks, where the backend has them: the same
     // faults hit all three, and the same checker judges them.
-    let caps = backend.descriptor.capabilities;
+    let caps = backend.capabilities();
     let sem_names: Vec<String> = caps
         .semaphore
         .then(|| format!("{prefix}sem"))

@@ -11,8 +11,12 @@
 //!
 //! Persistence: Redis runs with an fsync-always append-only file, so a kill -9 and restart
 //! keeps its locks and fencing counters (without it a restart forgets both, as the Redis
-//! backend's docs say); etcd, ZooKeeper, MariaDB and the MongoDB stand-in keep their data
-//! directories across a restart.
+//! backend's docs say); etcd, ZooKeeper, MariaDB, PostgreSQL and the MongoDB stand-in keep
+//! their data directories across a restart.
+//!
+//! Each member runs in a process group of its own, and every signal goes to the group:
+//! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
+//! them all.
 
 mod launch;
 mod nemesis;
@@ -42,6 +46,7 @@ pub(crate) enum Kind {
     Zk,
     Mariadb,
     Mongo,
+    Postgres,
 }
 
 impl Kind {
@@ -53,6 +58,7 @@ impl Kind {
             "zk" => Kind::Zk,
             "mysql" => Kind::Mariadb,
             "mongo" => Kind::Mongo,
+            "postgres" => Kind::Postgres,
             _ => return None,
         })
     }
@@ -64,6 +70,7 @@ impl Kind {
             Kind::Zk => 2181,
             Kind::Mariadb => 3306,
             Kind::Mongo => 27017,
+            Kind::Postgres => 5432,
         }
     }
 }
@@ -210,6 +217,7 @@ impl Deployment {
             Kind::Zk => format!("zk://{hosts}"),
             Kind::Mariadb => format!("mysql://distlock:distlock@{hosts}/distlock"),
             Kind::Mongo => format!("mongodb://{hosts}"),
+            Kind::Postgres => format!("postgres://postgres@{hosts}/postgres"),
         }
     }
 }

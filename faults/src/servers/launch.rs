@@ -59,6 +59,32 @@ impl Deployment {
                 )
                 .map_err(|e| format!("init.sql: {e}"))
             }
+            Kind::Postgres => {
+                // The server refuses to run as root: its directory belongs to `postgres`.
+                run(Command::new("chown").args(["-R", "postgres:"]).arg(&m.dir))?;
+                let log = std::fs::File::create(m.dir.join("install.log"))
+                    .map_err(|e| e.to_string())?;
+                let status = Command::new("runuser")
+                    .args(["-u", "postgres", "--"])
+                    .arg(format!("{PG_BIN}/initdb"))
+                    .arg("-D")
+                    .arg(&data)
+                    .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"])
+                    .stdout(log.try_clone().map_err(|e| e.to_string())?)
+                    .stderr(log)
+                    .status()
+                    .map_err(|e| format!("cannot run initdb ({e}): scripts/services up postgres"))?;
+                if !status.success() {
+                    return Err(format!("initdb failed ({status})"));
+                }
+                // The runner and the clients reach the member from the bridge's subnet.
+                let mut hba = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(data.join("pg_hba.conf"))
+                    .map_err(|e| format!("pg_hba.conf: {e}"))?;
+                std::io::Write::write_all(&mut hba, b"host all all 10.77.0.0/16 trust\n")
+                    .map_err(|e| format!("pg_hba.conf: {e}"))
+            }
             Kind::Redis | Kind::Etcd | Kind::Mongo => Ok(()),
         }
     }
@@ -146,13 +172,26 @@ impl Deployment {
                     // its journal, and a kill loses them (as `mongod` does not).
                     .args(["--cache-size", "64M", "--sync-on-commit"]);
             }
+            Kind::Postgres => {
+                // `ip netns exec` and `setpriv` both exec, so the child is the postmaster.
+                cmd.args(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"])
+                    .arg("--")
+                    .arg(format!("{PG_BIN}/postgres"))
+                    .arg("-D")
+                    .arg(&data)
+                    .args(["-p", "5432", "-k"])
+                    .arg(&m.dir)
+                    .args(["-c", &format!("listen_addresses={}", m.ip)])
+                    .args(["-c", "max_connections=1000", "-c", "shared_buffers=16MB"]);
+            }
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(m.dir.join("server.log"))
             .map_err(|e| e.to_string())?;
-        let child = cmd
+        // A process group of its own, which the nemesis signals as one.
+        let child = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -208,3 +247,18 @@ const MARIADB_SIZING: [&str; 4] = [
     "--innodb-autoextend-increment=1",
     "--skip-name-resolve",
 ];
+
+/// Where Debian's PostgreSQL 15 keeps its server binaries.
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// Runs `cmd` to completion; an error says what failed.
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{:?} failed ({status})", cmd.get_program()))
+    }
+}

@@ -17,8 +17,9 @@ impl Deployment {
         self.signal(i, "CONT")
     }
 
-    /// SIGKILL member `i`, keeping its data for a restart.
+    /// SIGKILL member `i` (its whole process group), keeping its data for a restart.
     pub(crate) fn kill(&mut self, i: usize) {
+        let _ = self.signal(i, "KILL");
         if let Some(mut c) = self.members[i].child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -67,7 +68,8 @@ impl Deployment {
         nft(&self.members[i].ns, "delete table inet distlock_cut\n")
     }
 
-    /// Through kill(1), and only while the child is unreaped, so that its pid cannot be
+    /// Through kill(1) to the member's process group (the server and any processes it
+    /// started), and only while the child that leads it is unreaped, so that its pid cannot be
     /// another process's.
     fn signal(&mut self, i: usize, signal: &str) -> Result<(), String> {
         let Some(child) = self.members[i].child.as_mut() else {
@@ -76,6 +78,6 @@ impl Deployment {
         if !matches!(child.try_wait(), Ok(None)) {
             return Err(format!("{:?} member {i} has exited", self.kind));
         }
-        crate::signal(child.id(), signal)
+        crate::signal_group(child.id(), signal)
     }
 }

@@ -58,6 +58,23 @@ impl Deployment {
                     .is_ok_and(|c| c.is_ok())
             }
             Kind::Etcd => self.etcd_status(i).await.is_some(),
+            // Connections are taken before recovery ends; a query is answered after it.
+            Kind::Postgres => {
+                use distlock_postgres::sqlx::{self, Connection};
+                let url = self.member_url(i);
+                let fut = async {
+                    let mut c = sqlx::postgres::PgConnection::connect(&url).await.ok()?;
+                    sqlx::query_scalar::<_, i32>("SELECT 1")
+                        .fetch_one(&mut c)
+                        .await
+                        .ok()
+                };
+                tokio::time::timeout(Duration::from_secs(2), fut)
+                    .await
+                    .ok()
+                    .flatten()
+                    == Some(1)
+            }
         }
     }
 
