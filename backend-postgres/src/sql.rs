@@ -146,17 +146,28 @@ WHERE NOT EXISTS (SELECT 1 FROM won)"#;
 /// The last hold (or an expired grant) deletes the row and notifies the table's channel with
 /// the name as payload (delivered at commit); an earlier hold takes one away. Only the grant
 /// (owner and token) is touched.
+///
+/// The choice between the two is made on the row as `cur` locks it (`FOR UPDATE` waits for a
+/// concurrent release of another hold and then reads the row as that one left it), not on the
+/// statement's snapshot: judged on the snapshot, two holds released together each saw two and
+/// each took one away, one of them finding the row changed and doing nothing, so the last
+/// hold stayed until the lease ran out.
 const RELEASE: &str = r#"WITH t AS MATERIALIZED (SELECT clock_timestamp() AS now),
-gone AS (
-    DELETE FROM "{locks}" l USING t
+cur AS MATERIALIZED (
+    SELECT l.hold_count, l.expires_at > t.now AS live FROM "{locks}" l, t
     WHERE l.name = $1 AND l.owner = $2 AND l.token = $3
-      AND (l.hold_count <= 1 OR l.expires_at <= t.now)
-    RETURNING l.expires_at > t.now AS live
+    FOR UPDATE OF l
+),
+gone AS (
+    DELETE FROM "{locks}" l USING cur
+    WHERE l.name = $1 AND l.owner = $2 AND l.token = $3
+      AND (cur.hold_count <= 1 OR NOT cur.live)
+    RETURNING cur.live
 ),
 less AS (
-    UPDATE "{locks}" l SET hold_count = l.hold_count - 1 FROM t
+    UPDATE "{locks}" l SET hold_count = cur.hold_count - 1 FROM cur
     WHERE l.name = $1 AND l.owner = $2 AND l.token = $3
-      AND l.hold_count > 1 AND l.expires_at > t.now
+      AND cur.hold_count > 1 AND cur.live
     RETURNING l.hold_count
 ),
 told AS (SELECT pg_notify($4, $1) FROM gone)

@@ -224,27 +224,42 @@ async fn an_observer_reads_again_after_a_paused_server_and_shows_the_new_leader(
     let watcher = client(&server).await;
     let name = "observed-through-a-pause";
     let wait = LockOptions::new().wait(Duration::from_secs(10));
-    let first = old.election(name).unwrap().campaign("old", &wait).await.unwrap();
+    let first = old
+        .election(name)
+        .unwrap()
+        .campaign("old", &wait)
+        .await
+        .unwrap();
     let mut observer = watcher
         .election(name)
         .unwrap()
         .observe()
         .every(Duration::from_millis(50));
     let shown = observer.next().await.unwrap().expect("a leader");
-    assert_eq!((shown.epoch, shown.value.as_deref()), (first.epoch(), Some("old")));
+    assert_eq!(
+        (shown.epoch, shown.value.as_deref()),
+        (first.epoch(), Some("old"))
+    );
 
     // Past the lease: the leader's renewals fail, so does every read of the observer.
     server.signal("STOP");
     tokio::time::sleep(ttl * 2).await;
     assert!(
-        tokio::time::timeout(Duration::from_secs(1), observer.next()).await.is_ok_and(|r| r.is_err()),
+        tokio::time::timeout(Duration::from_secs(1), observer.next())
+            .await
+            .is_ok_and(|r| r.is_err()),
         "a read of a paused server answered"
     );
     server.signal("CONT");
     tokio::time::timeout(Duration::from_secs(5), first.lost())
         .await
         .expect("the leader never learned its lease ran out during the pause");
-    let second = new.election(name).unwrap().campaign("new", &wait).await.unwrap();
+    let second = new
+        .election(name)
+        .unwrap()
+        .campaign("new", &wait)
+        .await
+        .unwrap();
     assert!(second.epoch() > first.epoch());
 
     let mut seen = Vec::new();
@@ -260,7 +275,7 @@ async fn an_observer_reads_again_after_a_paused_server_and_shows_the_new_leader(
     .await
     .unwrap_or_else(|_| panic!("the observer never showed the new leader; it showed {seen:?}"));
     assert_eq!(latest.value.as_deref(), Some("new"));
-    assert_eq!(latest.owner, OwnerId::new("new-leader").unwrap());
+    assert_eq!(&latest.owner, second.guard().owner());
     assert!(
         seen.iter().flatten().all(|l| l.epoch > first.epoch()),
         "the deposed leader was shown again after the pause: {seen:?}"

@@ -158,6 +158,7 @@ cases! {
     one_lock_removed_among_many_fires_only_its_own_guard: renewal,
     renew_by_other_owner_fails_with_lost: renewal,
     reentrant_acquire_counts_holds_and_keeps_the_token: reentrant,
+    concurrent_releases_of_reentrant_holds_free_the_lock: reentrant,
     reacquire_by_holder_is_contended_without_reentrancy: not_reentrant,
     wait_bound_is_honoured_with_timeout: always,
     waiter_is_woken_promptly_by_release: always,

@@ -42,3 +42,27 @@ pub(super) async fn reacquire_by_holder_is_contended_without_reentrancy(cx: Ctx)
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(g.release().await.unwrap());
 }
+
+/// Holds of one grant given up at the same moment (two tasks releasing their guards together)
+/// each count: after the last, the lock is free at once, not only when its lease runs out.
+/// Repeated, so that the two releases meet on the server many times.
+pub(super) async fn concurrent_releases_of_reentrant_holds_free_the_lock(cx: Ctx) {
+    let (a, b) = (cx.client().await, cx.client().await);
+    let name = cx.name("re-race");
+    for round in 0..20 {
+        let g1 = must_lock(&a, &name).await;
+        let g2 = g1.reenter().await.expect("re-enter through the guard");
+        let (r1, r2) = tokio::join!(
+            tokio::spawn(async move { g1.release().await }),
+            tokio::spawn(async move { g2.release().await })
+        );
+        assert!(
+            r1.unwrap().unwrap() && r2.unwrap().unwrap(),
+            "round {round}"
+        );
+        assert!(
+            holder_of(&b, &name).await.is_none(),
+            "round {round}: two holds released together left the lock held"
+        );
+    }
+}

@@ -62,8 +62,8 @@ impl Deployment {
             Kind::Postgres => {
                 // The server refuses to run as root: its directory belongs to `postgres`.
                 run(Command::new("chown").args(["-R", "postgres:"]).arg(&m.dir))?;
-                let log = std::fs::File::create(m.dir.join("install.log"))
-                    .map_err(|e| e.to_string())?;
+                let log =
+                    std::fs::File::create(m.dir.join("install.log")).map_err(|e| e.to_string())?;
                 let status = Command::new("runuser")
                     .args(["-u", "postgres", "--"])
                     .arg(format!("{PG_BIN}/initdb"))
@@ -73,7 +73,9 @@ impl Deployment {
                     .stdout(log.try_clone().map_err(|e| e.to_string())?)
                     .stderr(log)
                     .status()
-                    .map_err(|e| format!("cannot run initdb ({e}): scripts/services up postgres"))?;
+                    .map_err(|e| {
+                        format!("cannot run initdb ({e}): scripts/services up postgres")
+                    })?;
                 if !status.success() {
                     return Err(format!("initdb failed ({status})"));
                 }
@@ -174,15 +176,20 @@ impl Deployment {
             }
             Kind::Postgres => {
                 // `ip netns exec` and `setpriv` both exec, so the child is the postmaster.
-                cmd.args(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"])
-                    .arg("--")
-                    .arg(format!("{PG_BIN}/postgres"))
-                    .arg("-D")
-                    .arg(&data)
-                    .args(["-p", "5432", "-k"])
-                    .arg(&m.dir)
-                    .args(["-c", &format!("listen_addresses={}", m.ip)])
-                    .args(["-c", "max_connections=1000", "-c", "shared_buffers=16MB"]);
+                cmd.args([
+                    "setpriv",
+                    "--reuid=postgres",
+                    "--regid=postgres",
+                    "--init-groups",
+                ])
+                .arg("--")
+                .arg(format!("{PG_BIN}/postgres"))
+                .arg("-D")
+                .arg(&data)
+                .args(["-p", "5432", "-k"])
+                .arg(&m.dir)
+                .args(["-c", &format!("listen_addresses={}", m.ip)])
+                .args(["-c", "max_connections=1000", "-c", "shared_buffers=16MB"]);
             }
         }
         let log = std::fs::OpenOptions::new()
