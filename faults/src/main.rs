@@ -23,32 +23,24 @@ use std::process::ExitCode;
 /// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid` with kill(1): the crate forbids `unsafe`,
 /// so no `libc::kill`.
 pub(crate) fn signal(pid: u32, signal: &str) -> Result<(), String> {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run kill(1): {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -{signal} {pid} failed ({status})"))
-    }
+    kill(signal, &pid.to_string())
 }
 
-/// Sends `signal` to the process group `pgid` leads, through kill(1).
+/// Sends `signal` to the process group `pgid` leads, the same way.
 pub(crate) fn signal_group(pgid: u32, signal: &str) -> Result<(), String> {
+    kill(signal, &format!("-{pgid}"))
+}
+
+fn kill(signal: &str, target: &str) -> Result<(), String> {
     let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg("--")
-        .arg(format!("-{pgid}"))
+        .args([&format!("-{signal}"), "--", target])
         .stderr(std::process::Stdio::null())
         .status()
         .map_err(|e| format!("cannot run kill(1): {e}"))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("kill -{signal} -- -{pgid} failed ({status})"))
+        Err(format!("kill -{signal} -- {target} failed ({status})"))
     }
 }
 

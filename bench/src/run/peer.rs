@@ -133,15 +133,7 @@ async fn compare(
         manager,
         name: unique_name("peer-rslock"),
     };
-    let measured = measure_cycles(
-        &mut [&mut ours, &mut theirs],
-        plan.warmup,
-        plan.slice,
-        plan.slices,
-    )
-    .await?;
-    let [ours_measured, theirs_measured] = <[Measured; 2]>::try_from(measured)
-        .map_err(|_| "measure_cycles returned the wrong number of results")?;
+    let (ours_measured, theirs_measured) = alternate(&mut ours, &mut theirs, plan).await?;
     // What each cycle costs the servers themselves (every master, for RedLock), the part of
     // the gap that no client-side work can close: on this machine the servers share the
     // client's cores, so their time is latency.
@@ -271,13 +263,17 @@ async fn compare_sqlx(mode: Mode, plan: &Plan) -> Res<(Measured, Measured)> {
         conn,
         lock: PgAdvisoryLock::new(unique_name("peer-sqlx")),
     };
-    let measured = measure_cycles(
-        &mut [&mut ours, &mut theirs],
-        plan.warmup,
-        plan.slice,
-        plan.slices,
-    )
-    .await?;
+    alternate(&mut ours, &mut theirs, plan).await
+}
+
+/// distlock's cycle and the peer's, in alternating slices.
+async fn alternate(
+    ours: &mut dyn Cycle,
+    theirs: &mut dyn Cycle,
+    plan: &Plan,
+) -> Res<(Measured, Measured)> {
+    let measured =
+        measure_cycles(&mut [ours, theirs], plan.warmup, plan.slice, plan.slices).await?;
     let [ours, theirs] = <[Measured; 2]>::try_from(measured)
         .map_err(|_| "measure_cycles returned the wrong number of results")?;
     Ok((ours, theirs))
