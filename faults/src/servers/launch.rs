@@ -1,7 +1,7 @@
 //! Starting a member: what it needs before its first start, the server command of each kind
 //! in the member's namespace, and the wait until it serves.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,24 +33,18 @@ impl Deployment {
             }
             Kind::Mariadb => {
                 std::fs::create_dir_all(m.dir.join("tmp")).map_err(|e| e.to_string())?;
-                let log =
-                    std::fs::File::create(m.dir.join("install.log")).map_err(|e| e.to_string())?;
-                let status = Command::new("mariadb-install-db")
-                    .arg("--no-defaults")
-                    .arg("--user=root")
-                    .arg(format!("--datadir={}", data.display()))
-                    .arg(format!("--tmpdir={}", m.dir.join("tmp").display()))
-                    .args(["--auth-root-authentication-method=socket", "--skip-test-db"])
-                    .args(MARIADB_SIZING)
-                    .stdout(log.try_clone().map_err(|e| e.to_string())?)
-                    .stderr(log)
-                    .status()
-                    .map_err(|e| {
-                        format!("cannot run mariadb-install-db ({e}): scripts/services up mariadb")
-                    })?;
-                if !status.success() {
-                    return Err(format!("mariadb-install-db failed ({status})"));
-                }
+                install(
+                    Command::new("mariadb-install-db")
+                        .arg("--no-defaults")
+                        .arg("--user=root")
+                        .arg(format!("--datadir={}", data.display()))
+                        .arg(format!("--tmpdir={}", m.dir.join("tmp").display()))
+                        .args(["--auth-root-authentication-method=socket", "--skip-test-db"])
+                        .args(MARIADB_SIZING),
+                    &m.dir,
+                    "mariadb-install-db",
+                    "mariadb",
+                )?;
                 std::fs::write(
                     m.dir.join("init.sql"),
                     "CREATE DATABASE IF NOT EXISTS distlock;\n\
@@ -62,23 +56,17 @@ impl Deployment {
             Kind::Postgres => {
                 // The server refuses to run as root: its directory belongs to `postgres`.
                 run(Command::new("chown").args(["-R", "postgres:"]).arg(&m.dir))?;
-                let log =
-                    std::fs::File::create(m.dir.join("install.log")).map_err(|e| e.to_string())?;
-                let status = Command::new("runuser")
-                    .args(["-u", "postgres", "--"])
-                    .arg(format!("{PG_BIN}/initdb"))
-                    .arg("-D")
-                    .arg(&data)
-                    .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"])
-                    .stdout(log.try_clone().map_err(|e| e.to_string())?)
-                    .stderr(log)
-                    .status()
-                    .map_err(|e| {
-                        format!("cannot run initdb ({e}): scripts/services up postgres")
-                    })?;
-                if !status.success() {
-                    return Err(format!("initdb failed ({status})"));
-                }
+                install(
+                    Command::new("runuser")
+                        .args(["-u", "postgres", "--"])
+                        .arg(format!("{PG_BIN}/initdb"))
+                        .arg("-D")
+                        .arg(&data)
+                        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]),
+                    &m.dir,
+                    "initdb",
+                    "postgres",
+                )?;
                 // The runner and the clients reach the member from the bridge's subnet.
                 let mut hba = std::fs::OpenOptions::new()
                     .append(true)
@@ -267,5 +255,21 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{:?} failed ({status})", cmd.get_program()))
+    }
+}
+
+/// Runs `what`, a server's first-start setup, with its output in `install.log` under `dir`; an
+/// error says what failed, and which service `scripts/services up` installs it with.
+fn install(cmd: &mut Command, dir: &Path, what: &str, service: &str) -> Result<(), String> {
+    let log = std::fs::File::create(dir.join("install.log")).map_err(|e| e.to_string())?;
+    let status = cmd
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .status()
+        .map_err(|e| format!("cannot run {what} ({e}): scripts/services up {service}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
     }
 }
