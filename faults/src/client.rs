@@ -184,13 +184,20 @@ impl Worker {
                 task: self.task,
                 seq,
             };
-            let name = self.pick_name();
+            let action = self.pick_action();
+            let name = match (action, self.config.elect_names.first()) {
+                // The second task's first zombie stalls on the election, so that every run has
+                // a deposed leader proclaiming after another was elected.
+                (Action::Zombie, Some(elect)) if self.task == 1 && !self.was_zombie => {
+                    elect.clone()
+                }
+                _ => self.pick_name(),
+            };
             let permits = if self.config.sem_names.contains(&name) {
                 self.config.sem_max
             } else {
                 1
             };
-            let action = self.pick_action();
             let ttl = Duration::from_millis(self.config.ttl_ms);
             let mut options = match action {
                 Action::Expire | Action::Extend | Action::Zombie => LockOptions::new().ttl(ttl),
@@ -307,10 +314,12 @@ impl Worker {
             };
         }
         // Every process's first task holds as a zombie until it has been one once, so that
-        // every run has one; none starts a zombie's stall when the run is about to end.
+        // every run has one, and so does its second where there is an election; none starts a
+        // zombie's stall when the run is about to end.
         let time_left = self.deadline.saturating_duration_since(Instant::now());
         let zombie_fits = time_left > Duration::from_millis(2 * self.config.ttl_ms);
-        if self.task == 0 && !self.was_zombie && zombie_fits {
+        let forced = self.task == 0 || (self.task == 1 && !self.config.elect_names.is_empty());
+        if forced && !self.was_zombie && zombie_fits {
             return Action::Zombie;
         }
         if self.config.lease_shrink && self.rng.bool() {
