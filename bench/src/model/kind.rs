@@ -11,18 +11,20 @@ pub(crate) enum Kind {
     Redlock,
     Mysql,
     Postgres,
+    PostgresAdvisory,
     Mongo,
     Zk,
     Etcd,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 8] = [
+    pub(crate) const ALL: [Kind; 9] = [
         Kind::Memory,
         Kind::Redis,
         Kind::Redlock,
         Kind::Mysql,
         Kind::Postgres,
+        Kind::PostgresAdvisory,
         Kind::Mongo,
         Kind::Zk,
         Kind::Etcd,
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Redlock => &distlock_redis::REDLOCK_DESCRIPTOR,
             Kind::Mysql => &distlock_mysql::DESCRIPTOR,
             Kind::Postgres => &distlock_postgres::DESCRIPTOR,
+            Kind::PostgresAdvisory => &POSTGRES_ADVISORY,
             Kind::Mongo => &distlock_mongo::DESCRIPTOR,
             Kind::Zk => &distlock_zk::DESCRIPTOR,
             Kind::Etcd => &distlock_etcd::DESCRIPTOR,
@@ -56,3 +59,21 @@ impl Kind {
         self.descriptor().label
     }
 }
+
+/// PostgreSQL's advisory mode, a backend of its own here (its own floor and rows), on the
+/// PostgreSQL server: its URL gets `mode=advisory` ([`Kind::url`](crate::model::Kind)).
+static POSTGRES_ADVISORY: BackendDescriptor = BackendDescriptor {
+    id: "postgres-advisory",
+    label: "PostgreSQL (advisory)",
+    schemes: &["postgres", "postgresql"],
+    test_url_var: "DISTLOCK_POSTGRES_URL",
+    test_url_default: "postgres://distlock:distlock@127.0.0.1:5432/distlock",
+    capabilities: distlock_postgres::ADVISORY_CAPABILITIES,
+    connect: |url| {
+        Box::pin(async move {
+            let config = distlock_postgres::PostgresConfig::from_url(&url)?;
+            let lock = distlock_postgres::PostgresLock::connect(config).await?;
+            Ok(std::sync::Arc::new(lock) as distlock_api::SharedLock)
+        })
+    },
+};

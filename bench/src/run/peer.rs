@@ -214,8 +214,9 @@ pub(crate) async fn sqlx(plan: &Plan, progress: &Progress) -> Vec<PeerResult> {
                 Some("distlock-postgres (advisory mode)".to_string()),
                 "sqlx as above; distlock advisory mode, on the client's dedicated session: \
                  `pg_try_advisory_lock`, the fencing counter bump and the holder's row (its \
-                 token) in one statement, the row's delete, `pg_advisory_unlock` and \
-                 `pg_notify` in another, each a durable commit; both 2 round trips",
+                 token) in one statement (a durable commit), the row's delete, \
+                 `pg_advisory_unlock` and `pg_notify` in another (its commit not waited for); \
+                 both 2 round trips",
             ),
         };
         let mut result = PeerResult {

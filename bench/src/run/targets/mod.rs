@@ -50,6 +50,11 @@ impl Kind {
     /// The server URL this run uses ("in-process" for memory).
     pub(crate) fn url(self) -> String {
         match self.url_var() {
+            Some(_) if self == Kind::PostgresAdvisory => {
+                let url = self.descriptor().test_url();
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}mode=advisory")
+            }
             Some(_) => self.descriptor().test_url(),
             None => "in-process".into(),
         }
@@ -61,7 +66,7 @@ impl Kind {
             Kind::Memory => return "nothing to start: the backend is in-process".into(),
             Kind::Redis | Kind::Redlock => "redis",
             Kind::Mysql => "mariadb",
-            Kind::Postgres => "postgres",
+            Kind::Postgres | Kind::PostgresAdvisory => "postgres",
             Kind::Mongo => "mongo",
             Kind::Zk => "zookeeper",
             Kind::Etcd => "etcd",
@@ -151,7 +156,9 @@ pub(crate) async fn open(kind: Kind) -> Res<Box<dyn Target>> {
             Kind::Redis => Box::new(redis::RedisTarget::open(&url).await?),
             Kind::Redlock => Box::new(redis::RedlockTarget::open(&url).await?),
             Kind::Mysql => Box::new(mysql::MysqlTarget::open(&url).await?),
-            Kind::Postgres => Box::new(postgres::PostgresTarget::open(&url).await?),
+            Kind::Postgres | Kind::PostgresAdvisory => {
+                Box::new(postgres::PostgresTarget::open(kind, &url).await?)
+            }
             Kind::Mongo => Box::new(mongo::MongoTarget::open(&url).await?),
             Kind::Zk => Box::new(zk::ZkTarget::open(&url).await?),
             Kind::Etcd => Box::new(etcd::EtcdTarget::open(&url).await?),

@@ -1,9 +1,16 @@
-//! PostgreSQL (table mode, the backend's default). The floor is the least a lock cycle on a
-//! table needs: the `INSERT` of the lock row and its conditional `DELETE`, in autocommit, into
-//! the backend's own table with the backend's column values, over one raw sqlx connection. The
-//! backend sends the same two statements, each with more inside it: the acquire also bumps the
-//! durable fencing counter (an upsert in the same statement), the release also notifies the
-//! table's channel, and both read the server's clock once.
+//! PostgreSQL, in both modes, each against its own floor over one raw sqlx connection.
+//!
+//! - Table mode (the backend's default): the least a lock cycle on a table needs, the `INSERT`
+//!   of the lock row and its conditional `DELETE`, in autocommit, into the backend's own table
+//!   with the backend's column values. The backend sends the same two statements, each with
+//!   more inside it: the acquire also bumps the durable fencing counter (an upsert in the same
+//!   statement), the release also notifies the table's channel, and both read the server's
+//!   clock once.
+//! - Advisory mode: the least a fenced advisory lock needs, `pg_try_advisory_lock` with the
+//!   durable counter's bump in one statement (one commit that waits for the disk), then
+//!   `pg_advisory_unlock` (no write). The backend also records the holder's row in the first
+//!   statement (its grant, for other clients to see and for `pg_locks` to judge) and deletes it
+//!   in the second, whose commit does not wait for the disk.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,16 +29,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const FLOOR_TTL_US: i64 = 30_000_000;
 
 pub(crate) struct PostgresTarget {
+    kind: Kind,
     config: PostgresConfig,
     version: String,
 }
 
 impl PostgresTarget {
-    pub(crate) async fn open(url: &str) -> Res<Self> {
+    /// `kind` is [`Kind::Postgres`] or [`Kind::PostgresAdvisory`], and `url` its URL.
+    pub(crate) async fn open(kind: Kind, url: &str) -> Res<Self> {
         let config = PostgresConfig::from_url(url)?.connect_timeout(CONNECT_TIMEOUT);
         // Connecting creates the tables the floor writes to, and reads the version.
         let lock = PostgresLock::connect(config.clone()).await?;
         Ok(Self {
+            kind,
             version: lock.server_version().to_string(),
             config,
         })
@@ -50,7 +60,7 @@ impl PostgresTarget {
 #[async_trait]
 impl Target for PostgresTarget {
     fn kind(&self) -> Kind {
-        Kind::Postgres
+        self.kind
     }
 
     async fn server_version(&self) -> Res<String> {
@@ -68,9 +78,33 @@ impl Target for PostgresTarget {
     }
 
     async fn floor(&self) -> Res<Box<dyn Floor>> {
+        let owner = OwnerId::random();
+        let conn = self.raw().await?;
+        if self.kind == Kind::PostgresAdvisory {
+            let fencing = self.config.get_fencing_table();
+            return Ok(Box::new(AdvisoryFloor {
+                conn,
+                lock: format!(
+                    "WITH got AS MATERIALIZED (SELECT pg_try_advisory_lock($1) AS ok), \
+                     bump AS (INSERT INTO \"{fencing}\" AS c (name, token) \
+                     SELECT $2, 1 FROM got WHERE got.ok \
+                     ON CONFLICT (name) DO UPDATE SET token = c.token + 1 RETURNING c.token) \
+                     SELECT got.ok, (SELECT token FROM bump) FROM got"
+                )
+                .into(),
+                // A key of this floor's own: the backend hashes names into the same space,
+                // and a collision would only make a cycle fail, never pass unchecked.
+                key: {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    owner.text().hash(&mut h);
+                    h.finish() as i64
+                },
+            }));
+        }
         let table = self.config.get_lock_table();
         Ok(Box::new(PostgresFloor {
-            conn: self.raw().await?,
+            conn,
             insert: format!(
                 "INSERT INTO \"{table}\" (name, owner, token, hold_count, expires_at, since) \
                  VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 microsecond', \
@@ -82,12 +116,19 @@ impl Target for PostgresTarget {
                  AND hold_count = 1 AND expires_at > clock_timestamp()"
             )
             .into(),
-            owner: OwnerId::random(),
+            owner,
             token: 0,
         }))
     }
 
     fn floor_ops(&self) -> FloorOps {
+        if self.kind == Kind::PostgresAdvisory {
+            return FloorOps {
+                what: "`pg_try_advisory_lock` + the fencing counter's bump in one statement \
+                       (a durable commit), then `pg_advisory_unlock` (prepared, one session)",
+                round_trips: 2,
+            };
+        }
         FloorOps {
             what: "`INSERT` of the lock row + conditional `DELETE` (autocommit, prepared, the \
                    backend's table and columns)",
@@ -127,6 +168,36 @@ impl Floor for PostgresFloor {
             .await?;
         if deleted.rows_affected() != 1 {
             return Err("floor: the delete did not remove the lock row".into());
+        }
+        Ok(release.elapsed())
+    }
+}
+
+struct AdvisoryFloor {
+    conn: PgConnection,
+    lock: Arc<str>,
+    key: i64,
+}
+
+#[async_trait]
+impl Floor for AdvisoryFloor {
+    async fn cycle(&mut self, name: &str) -> Res<Duration> {
+        let conn = &mut self.conn;
+        let (got, token): (bool, Option<i64>) = sqlx::query_as(AssertSqlSafe(self.lock.clone()))
+            .bind(self.key)
+            .bind(name)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !got || token.is_none() {
+            return Err("floor: the advisory lock was not taken".into());
+        }
+        let release = Instant::now();
+        let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !unlocked {
+            return Err("floor: the advisory unlock found nothing held".into());
         }
         Ok(release.elapsed())
     }
