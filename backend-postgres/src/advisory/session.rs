@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgDatabaseError, PgSeverity};
 use sqlx::{AssertSqlSafe, ConnectOptions, Row};
 
 use super::sql::{PID, PING, SESSION};
@@ -53,13 +53,18 @@ impl State {
     }
 }
 
-/// Whether an error leaves the session's protocol state unknown (anything but an error the
-/// server reported for a statement).
+/// Whether an error ends the session or leaves its protocol state unknown: anything but an
+/// error the server reported for a statement, and of those the ones it reports as it ends the
+/// session (`FATAL` or `PANIC`, such as `pg_terminate_backend`'s 57P01 or the idle timeout's
+/// 57P05).
 pub(super) fn breaks_session(e: &sqlx::Error) -> bool {
-    !matches!(
-        e,
-        sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. }
-    )
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<PgDatabaseError>()
+            .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic)),
+        sqlx::Error::ColumnDecode { .. } => false,
+        _ => true,
+    }
 }
 
 impl Shared {
