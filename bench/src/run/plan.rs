@@ -92,7 +92,7 @@ impl Plan {
             contended_max: 2,
             permit_contenders: 8,
             lease: Duration::from_secs(2),
-            failover_samples: 4,
+            failover_samples: 8,
         }
     }
 
