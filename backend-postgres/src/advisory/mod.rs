@@ -328,7 +328,13 @@ impl Shared {
             }
             (false, _) => match recorded {
                 Some(other) if other != req.name.as_str() => Err(collision(&req.name, &other, key)),
-                _ => Ok(Attempt::Held { expires_in: None }),
+                // A holder that dies sends no notice: the server frees the key when its
+                // session ends (at once when its socket closes, by the idle timeout at the
+                // latest). A waiter looks again every third of the bound, as often as holders
+                // probe their sessions, rather than at the notices' five-second recheck.
+                _ => Ok(Attempt::Held {
+                    expires_in: Some(self.bound / 3),
+                }),
             },
         }
     }

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
 use sqlx::postgres::{PgConnection, PgDatabaseError, PgSeverity};
@@ -37,17 +38,36 @@ pub(super) struct State {
     /// An acquire is between its start and its answer: if the state is locked again with this
     /// set, the acquire was dropped mid-statement and the session's state is unknown.
     pub(super) inflight: bool,
+    /// The latest safe-until a grant of this session can have: the send of its last statement
+    /// that was answered, plus the bound (a grant's lease, and each renewal's, is the bound
+    /// from the send of an answered statement).
+    pub(super) believed_until: Option<Instant>,
 }
 
 impl State {
     /// Drops the session: the server ends it (and frees its locks) when it sees the socket
     /// close. Every hold of it is gone.
+    ///
+    /// The socket itself stays open, unused, until the latest safe-until of the session's
+    /// grants has passed: closing it would let the server free the keys at once (a session
+    /// ends when its client's socket closes), while a guard could still believe it holds
+    /// until its safe-until. A session the server already ended has freed them anyway.
     pub(super) fn kill(&mut self, why: &str) {
-        if self.conn.take().is_some() {
+        if let Some(conn) = self.conn.take() {
             tracing::warn!(
                 held = self.held.len(),
                 "postgres advisory session dropped: {why}"
             );
+            let until = self.believed_until.take();
+            match (until, tokio::runtime::Handle::try_current()) {
+                (Some(until), Ok(rt)) if !self.held.is_empty() && until > Instant::now() => {
+                    rt.spawn(async move {
+                        tokio::time::sleep_until(until.into()).await;
+                        drop(conn);
+                    });
+                }
+                _ => drop(conn),
+            }
         }
         self.held.clear();
     }
@@ -159,8 +179,12 @@ impl Shared {
     {
         let what = format!("{what} on {}", self.endpoint);
         let conn = self.session(st).await?;
+        let sent = Instant::now();
         match tokio::time::timeout(self.operation_timeout, op(conn)).await {
-            Ok(Ok(v)) => Ok(v),
+            Ok(Ok(v)) => {
+                st.believed_until = Some(sent + self.bound);
+                Ok(v)
+            }
             Ok(Err(e)) => {
                 if breaks_session(&e) {
                     st.kill(&format!("{what}: {e}"));

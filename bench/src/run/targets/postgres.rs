@@ -72,9 +72,12 @@ impl Target for PostgresTarget {
     }
 
     async fn client_ttl(&self, ttl: Duration) -> Res<SharedLock> {
-        Ok(Arc::new(
-            PostgresLock::connect(self.config.clone().default_ttl(ttl)).await?,
-        ))
+        let mut config = self.config.clone().default_ttl(ttl);
+        if self.kind == Kind::PostgresAdvisory {
+            // Advisory mode's lease is the session bound.
+            config = config.session_timeout(ttl);
+        }
+        Ok(Arc::new(PostgresLock::connect(config).await?))
     }
 
     async fn floor(&self) -> Res<Box<dyn Floor>> {
