@@ -16,6 +16,7 @@ use crate::config::RedisConfig;
 use crate::notices::{Hub, HubConfig};
 use crate::ops::{Acquired, HandedOver, Server};
 use crate::permits::PermitOf;
+use crate::sentinel::Sentinel;
 
 /// What [`RedisLock`] promises.
 pub const CAPABILITIES: Capabilities = Capabilities::new()
@@ -45,6 +46,8 @@ pub struct RedisLock {
 struct Shared {
     server: Server,
     hub: Hub,
+    /// Through Sentinel: dropped with the client, it ends the `+switch-master` listener.
+    _switches: Option<tokio::sync::watch::Sender<()>>,
 }
 
 impl fmt::Debug for RedisLock {
@@ -77,13 +80,30 @@ impl RedisLock {
         if let Some(owner) = &config.options.client.owner {
             core = core.with_owner(owner.clone());
         }
-        let server = match &config.cluster {
-            Some(spec) => {
-                Server::connect_cluster(spec, &config.endpoint, &config.options, Self::BACKEND)
-                    .await?
+        let (endpoint, options) = (&config.endpoint, &config.options);
+        let sentinel = config.sentinel.as_ref().map(|spec| {
+            Arc::new(Sentinel::new(
+                spec.clone(),
+                endpoint,
+                options,
+                Self::BACKEND,
+            ))
+        });
+        let server = match (&config.cluster, &sentinel) {
+            (Some(spec), _) => {
+                Server::connect_cluster(spec, endpoint, options, Self::BACKEND).await?
             }
-            None => Server::connect(&config.endpoint, &config.options, Self::BACKEND).await?,
+            (None, Some(sentinel)) => {
+                Server::connect_sentinel(sentinel.clone(), endpoint, options, Self::BACKEND).await?
+            }
+            (None, None) => Server::connect(endpoint, options, Self::BACKEND).await?,
         };
+        // Through Sentinel: a failover is heard of when a sentinel announces it.
+        let switches = sentinel.as_ref().map(|sentinel| {
+            let (stop, listening) = tokio::sync::watch::channel(());
+            sentinel.listen_for_switches(listening);
+            stop
+        });
         let hub = Hub::new(HubConfig {
             endpoint: config.endpoint.clone(),
             backend: Self::BACKEND,
@@ -93,10 +113,15 @@ impl RedisLock {
                 .cluster
                 .as_ref()
                 .map(|spec| (spec.clone(), config.options.clone())),
+            sentinel,
         });
         Ok(Self {
             core,
-            shared: Arc::new(Shared { server, hub }),
+            shared: Arc::new(Shared {
+                server,
+                hub,
+                _switches: switches,
+            }),
         })
     }
 

@@ -7,6 +7,7 @@ use distlock_api::{Error, LockName, Result};
 
 use crate::endpoint::{endpoint, endpoint_of_client, ClusterSpec, Endpoint, Options};
 pub use crate::endpoint::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEY_PREFIX, DEFAULT_RESPONSE_TIMEOUT};
+use crate::sentinel::{parse_sentinel_url, SentinelSpec};
 
 /// The fewest masters a [`RedLock`](crate::RedLock) accepts: with fewer, one failure stops it.
 pub const MIN_REDLOCK_INSTANCES: usize = 3;
@@ -88,6 +89,9 @@ pub struct RedisConfig {
     pub(crate) options: Options,
     /// Set for a Redis Cluster (`redis+cluster://`): its seeds.
     pub(crate) cluster: Option<ClusterSpec>,
+    /// Set for a master found through Sentinel (`redis+sentinel://`): the sentinels and the
+    /// master's name.
+    pub(crate) sentinel: Option<SentinelSpec>,
 }
 
 impl RedisConfig {
@@ -104,20 +108,34 @@ impl RedisConfig {
     /// discovered); besides the options above it takes `map_seeds=true`, which reaches each
     /// seed's announced address at the address the URL gives for it (a cluster behind address
     /// translation or proxies).
+    ///
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/master-name[/db][?options]`
+    /// (`rediss+sentinel://` for TLS) is the master that the listed sentinels (port 26379 by
+    /// default) monitor under `master-name`: the client asks them for its address at connect
+    /// and again when the master may have moved (a failover). User and password are the data
+    /// nodes'; the sentinels are reached without one unless `sentinel_password` gives theirs.
+    /// Besides the options above it takes `protocol` (`resp2`, `resp3`) for the data nodes;
+    /// any other option is refused.
     pub fn from_url(url: &str) -> Result<Self> {
         let mut options = Options::default();
-        let (endpoint, cluster) =
-            match crate::endpoint::parse_cluster_url(url, &mut options, endpoint) {
-                Some(parsed) => {
-                    let (endpoint, spec) = parsed?;
-                    (endpoint, Some(spec))
-                }
-                None => (endpoint(url, &mut options)?, None),
-            };
+        let (mut cluster, mut sentinel) = (None, None);
+        let endpoint = if let Some(parsed) = parse_sentinel_url(url, &mut options) {
+            let (endpoint, spec) = parsed?;
+            sentinel = Some(spec);
+            endpoint
+        } else if let Some(parsed) = crate::endpoint::parse_cluster_url(url, &mut options, endpoint)
+        {
+            let (endpoint, spec) = parsed?;
+            cluster = Some(spec);
+            endpoint
+        } else {
+            endpoint(url, &mut options)?
+        };
         let config = Self {
             endpoint,
             options,
             cluster,
+            sentinel,
         };
         config.validate()?;
         Ok(config)
@@ -142,6 +160,7 @@ impl RedisConfig {
             endpoint: endpoint_of_client(client),
             options: Options::default(),
             cluster: None,
+            sentinel: None,
         }
     }
 
@@ -150,6 +169,11 @@ impl RedisConfig {
     /// Whether this is a Redis Cluster (`redis+cluster://`).
     pub fn is_cluster(&self) -> bool {
         self.cluster.is_some()
+    }
+
+    /// Whether the master is found through Sentinel (`redis+sentinel://`).
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel.is_some()
     }
 
     /// Checks every option; [`RedisLock::connect`](crate::RedisLock::connect) calls it before
@@ -165,7 +189,7 @@ impl RedisConfig {
     }
 
     /// The server, as errors name it (`host:port[/db]`, no password; a cluster's seeds as
-    /// `cluster host:port,host:port`).
+    /// `cluster host:port,host:port`; sentinels as `sentinel host:port,host:port/master`).
     pub fn endpoint(&self) -> &str {
         &self.endpoint.display
     }

@@ -12,6 +12,7 @@ mod ops;
 mod permits;
 mod redlock;
 mod scripts;
+mod sentinel;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -33,7 +34,14 @@ pub use redis;
 pub static DESCRIPTOR: distlock_api::BackendDescriptor = distlock_api::BackendDescriptor {
     id: RedisLock::BACKEND,
     label: "Redis",
-    schemes: &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+    schemes: &[
+        "redis",
+        "rediss",
+        "redis+cluster",
+        "rediss+cluster",
+        "redis+sentinel",
+        "rediss+sentinel",
+    ],
     test_url_var: "DISTLOCK_REDIS_URL",
     test_url_default: "redis://127.0.0.1:6379",
     capabilities: CAPABILITIES,

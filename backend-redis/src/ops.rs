@@ -2,7 +2,7 @@
 //! mean.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
@@ -14,6 +14,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use crate::endpoint::{Endpoint, Options};
 use crate::keys::KeySpace;
 use crate::scripts::{self, LockScripts, PermitScripts};
+use crate::sentinel::Sentinel;
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +102,9 @@ pub(crate) struct Server {
     pub(crate) permit_scripts: &'static PermitScripts,
     pub(crate) endpoint: Endpoint,
     pub(crate) backend: &'static str,
+    /// Set for a master found through Sentinel (`redis+sentinel://`): where to ask for the
+    /// master again when it may have moved.
+    pub(crate) sentinel: Option<Arc<Sentinel>>,
 }
 
 impl Server {
@@ -194,6 +198,7 @@ impl Server {
             permit_scripts,
             endpoint: endpoint.clone(),
             backend,
+            sentinel: None,
         }
     }
 
@@ -229,20 +234,35 @@ impl Server {
     }
 
     pub(crate) async fn run(&self, what: &str, inv: redis::ScriptInvocation<'_>) -> Result<Value> {
+        let round = self.sync_master();
         let mut conn = self.conn();
-        inv.invoke_async(&mut conn).await.map_err(|e| {
-            if e.is_timeout() {
-                self.replace_connection();
+        match inv.invoke_async(&mut conn).await {
+            Ok(reply) => Ok(reply),
+            Err(e) => {
+                if self.sentinel.is_some() {
+                    // The next call reaches the master the sentinels name; this one is sent
+                    // there too if it certainly did not run on the old one.
+                    if self.follow_master(&e, round).await {
+                        let mut conn = self.conn();
+                        return inv
+                            .invoke_async(&mut conn)
+                            .await
+                            .map_err(|e| self.error(what, e));
+                    }
+                } else if e.is_timeout() {
+                    self.replace_connection();
+                }
+                Err(self.error(what, e))
             }
-            self.error(what, e)
-        })
+        }
     }
 
     /// Puts a fresh connection, made on first use, in place of the current one. Requests in
     /// flight on the old one finish (or time out) on it.
     fn replace_connection(&self) {
-        // A cluster connection replaces its nodes' connections by itself.
-        if self.is_cluster() {
+        // A cluster connection replaces its nodes' connections by itself; a Sentinel
+        // client's is replaced when it follows the master.
+        if self.is_cluster() || self.sentinel.is_some() {
             return;
         }
         if let Ok(fresh) = ConnectionManager::new_lazy_with_config(

@@ -75,6 +75,14 @@ pub trait Harness: Send + Sync + 'static {
             .await
     }
 
+    /// Why the case `case` (its name in [`CASES`](crate::cases::CASES)) does not apply to this
+    /// harness beyond what the capabilities say, or `None`: the runner reports such a case as
+    /// ignored with the reason, as for a capability the backend lacks. Known without I/O.
+    fn not_applicable(&self, case: &str) -> Option<&'static str> {
+        let _ = case;
+        None
+    }
+
     /// The connect timeout `unreachable_client` is configured with.
     fn connect_timeout(&self) -> Duration {
         Duration::from_secs(2)

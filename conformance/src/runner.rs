@@ -51,7 +51,8 @@ pub fn run<H: Harness>(harness: H) -> ExitCode {
     let trials = crate::cases::CASES
         .iter()
         .map(|case| {
-            let gate = (case.applies)(&caps, remote);
+            let gate = (case.applies)(&caps, remote)
+                .and_then(|()| h.not_applicable(case.name).map_or(Ok(()), Err));
             if let (Err(reason), false, false) = (gate, skip, listing) {
                 eprintln!(
                     "distlock-conformance: {backend}: {} does not apply: {reason}",

@@ -29,6 +29,7 @@ pub struct Suite {
     connect_timeout: Duration,
     unreachable_url: Option<String>,
     start_hint: &'static str,
+    without_proxies: Option<&'static str>,
 }
 
 impl Suite {
@@ -54,6 +55,7 @@ impl Suite {
             connect_timeout: Duration::from_secs(1),
             unreachable_url: None,
             start_hint: "run `scripts/services up`",
+            without_proxies: None,
         }
     }
 
@@ -99,6 +101,15 @@ impl Suite {
     /// the unreachable-server case; the suite adds `connect_timeout`.
     pub fn unreachable_at(mut self, url: &str) -> Self {
         self.unreachable_url = Some(url.to_string());
+        self
+    }
+
+    /// Marks the cases that cut clients off through proxies
+    /// ([`THROUGH_PROXIES`](crate::cases::THROUGH_PROXIES)) not applicable, for `reason`: the
+    /// clients learn their servers' addresses from the servers they are given (say, Redis
+    /// Sentinel naming the master) and would reach them around the proxies.
+    pub fn without_proxies(mut self, reason: &'static str) -> Self {
+        self.without_proxies = Some(reason);
         self
     }
 
@@ -206,6 +217,11 @@ impl Harness for Suite {
         self.connect_timeout
     }
 
+    fn not_applicable(&self, case: &str) -> Option<&'static str> {
+        self.without_proxies
+            .filter(|_| crate::cases::THROUGH_PROXIES.contains(&case))
+    }
+
     async fn remove_behind_back(&self, name: &LockName) -> Result<()> {
         self.with_admin().await?.remove_holder(name).await
     }
@@ -236,6 +252,16 @@ impl Harness for Suite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cases_through_proxies_are_cases() {
+        for name in crate::cases::THROUGH_PROXIES {
+            assert!(
+                crate::cases::CASES.iter().any(|c| c.name == *name),
+                "{name} is not a case"
+            );
+        }
+    }
 
     #[test]
     fn options_are_added_or_replaced_in_the_query() {

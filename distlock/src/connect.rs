@@ -30,7 +30,14 @@ fn known() -> [Known; 7] {
     [
         Known {
             feature: "redis",
-            schemes: &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+            schemes: &[
+                "redis",
+                "rediss",
+                "redis+cluster",
+                "rediss+cluster",
+                "redis+sentinel",
+                "rediss+sentinel",
+            ],
             descriptor: descriptor!("redis", distlock_redis::DESCRIPTOR),
         },
         Known {
@@ -98,6 +105,7 @@ pub fn schemes() -> Vec<(&'static str, Option<&'static str>, bool)> {
 /// | `memory://`, `memory://NAME` | in-process [`MemoryLock`](distlock_api::MemoryLock), one store per name for the whole process | — |
 /// | `redis://host:6379/0`, `rediss://…` | Redis | `redis` |
 /// | `redis+cluster://h1:7000,h2:7000`, `rediss+cluster://…` | Redis Cluster (seed nodes) | `redis` |
+/// | `redis+sentinel://s1:26379,s2:26379/master-name`, `rediss+sentinel://…` | Redis through Sentinel (sentinels, master name) | `redis` |
 /// | `redlock://h1:6379,h2:6379,h3:6379` | RedLock over independent masters | `redis` |
 /// | `mysql://user:pass@host:3306/db`, `mariadb://…` | MySQL/MariaDB | `mysql` |
 /// | `postgres://user:pass@host:5432/db`, `postgresql://…` | PostgreSQL | `postgres` |

@@ -61,6 +61,10 @@ async fn closed_port_is_unavailable_within_the_connect_timeout() {
             "redis+cluster://127.0.0.1:1?connect_timeout_ms=1000",
         ),
         (
+            "redis",
+            "redis+sentinel://127.0.0.1:1/distlock?connect_timeout_ms=1000",
+        ),
+        (
             "mysql",
             "mysql://u:p@127.0.0.1:1/db?connect_timeout_ms=1000",
         ),

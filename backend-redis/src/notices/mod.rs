@@ -25,12 +25,15 @@ use tokio::task::JoinHandle;
 
 use crate::endpoint::{ClusterSpec, Endpoint, Options};
 use crate::ops::driver_error;
+use crate::sentinel::Sentinel;
 
+mod sentinel;
 mod shard;
 
 /// How long the manager waits before reconnecting after a failed connect, at first and at most.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+const SENTINEL_RECONNECT_MAX: Duration = Duration::from_millis(250);
 
 /// A client's pub/sub hub. Cheap to share; the tasks end when the last handle and subscription
 /// are gone.
@@ -65,6 +68,8 @@ enum Kick {
     Disconnected(u64),
     /// The server dropped a shard channel's subscription (its slot moved to another node).
     Dropped(String),
+    /// The sentinels named another master (see `sentinel.rs`).
+    MasterMoved,
 }
 
 /// Connection settings the manager needs.
@@ -77,6 +82,9 @@ pub(crate) struct HubConfig {
     /// (`SSUBSCRIBE`) on the driver's cluster connection, which sends each to the node that
     /// owns the channel's slot and subscribes again after a reconnect.
     pub(crate) cluster: Option<(ClusterSpec, Options)>,
+    /// A master found through Sentinel: the notices' connection goes to the master the
+    /// sentinels name, and moves when the command connection moves.
+    pub(crate) sentinel: Option<Arc<Sentinel>>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -92,8 +100,12 @@ impl Hub {
             state: Mutex::new(State::default()),
             kick,
         });
+        let master_moves = config.sentinel.as_ref().map(|s| s.master_moves());
         let manager = Manager {
             shared: Arc::downgrade(&shared),
+            master_moves,
+            conn_master: None,
+            wake_when_subscribed: false,
             config,
             kicks,
             conn: None,
@@ -270,18 +282,19 @@ struct Manager {
     subscribed: HashSet<String>,
     /// Set after a failed connect or command: when to try again.
     retry_in: Option<Duration>,
+    /// With Sentinel: the master the command connection uses, and the one this hub's
+    /// connection goes to.
+    master_moves: Option<watch::Receiver<String>>,
+    conn_master: Option<String>,
+    /// With Sentinel: the connection dropped, and its waiters are to be woken once their
+    /// channels are subscribed again.
+    wake_when_subscribed: bool,
 }
 
 impl Manager {
     async fn run(mut self) {
         loop {
-            let kick = match self.retry_in {
-                Some(delay) => match tokio::time::timeout(delay, self.kicks.recv()).await {
-                    Ok(k) => k,
-                    Err(_) => Some(Kick::Changed),
-                },
-                None => self.kicks.recv().await,
-            };
+            let kick = self.next_kick().await;
             // `None`: the hub and every subscription are gone.
             let Some(kick) = kick else { break };
             self.absorb(kick);
@@ -307,6 +320,7 @@ impl Manager {
             Kick::Dropped(channel) => {
                 self.subscribed.remove(&channel);
             }
+            Kick::MasterMoved => self.follow_master(),
             _ => {}
         }
     }
@@ -316,7 +330,20 @@ impl Manager {
         if let Some(conn) = self.conn.take() {
             conn.reader.abort();
         }
+        self.conn_master = None;
         self.subscribed.clear();
+        if self.config.sentinel.is_some() {
+            // The master may be failing over: a waiter woken now would find no master to ask.
+            // Its channels are marked unconfirmed, and it is woken once they are subscribed on
+            // the master the sentinels name (see `confirm`).
+            self.wake_when_subscribed = true;
+            if let Some(shared) = self.shared.upgrade() {
+                for ch in lock(&shared.state).channels.values_mut() {
+                    ch.ready = false;
+                }
+            }
+            return;
+        }
         if let Some(shared) = self.shared.upgrade() {
             let mut st = lock(&shared.state);
             for ch in st.channels.values_mut() {
@@ -398,21 +425,27 @@ impl Manager {
         if self.config.cluster.is_some() {
             return self.connect_cluster().await;
         }
+        if self.config.sentinel.is_some() {
+            return self.connect_sentinel().await;
+        }
+        let endpoint = self.config.endpoint.clone();
+        self.connect_to(&endpoint).await
+    }
+
+    /// A pub/sub connection to one server, and its reader.
+    async fn connect_to(&mut self, endpoint: &Endpoint) -> Result<()> {
         let c = &self.config;
         let pubsub =
-            match tokio::time::timeout(c.connect_timeout, c.endpoint.client.get_async_pubsub())
-                .await
+            match tokio::time::timeout(c.connect_timeout, endpoint.client.get_async_pubsub()).await
             {
                 Ok(Ok(p)) => p,
-                Ok(Err(e)) => {
-                    return Err(driver_error(c.backend, &c.endpoint, "pub/sub connect", e))
-                }
+                Ok(Err(e)) => return Err(driver_error(c.backend, endpoint, "pub/sub connect", e)),
                 Err(_) => {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
                         format!(
                             "pub/sub connect to {} took longer than {:?}",
-                            c.endpoint.display, c.connect_timeout
+                            endpoint.display, c.connect_timeout
                         ),
                     )
                     .with_backend(c.backend))
@@ -438,17 +471,28 @@ impl Manager {
     }
 
     fn schedule_retry(&mut self) {
+        // Through Sentinel, a new master is found as soon as the sentinels name it.
+        let max = if self.config.sentinel.is_some() {
+            SENTINEL_RECONNECT_MAX
+        } else {
+            RECONNECT_MAX
+        };
         self.retry_in = Some(match self.retry_in {
             None => RECONNECT_MIN,
-            Some(d) => (d * 2).min(RECONNECT_MAX),
+            Some(d) => (d * 2).min(max),
         });
     }
 
     /// Marks subscribed channels ready and tells their pending subscribers.
-    fn confirm(&self, shared: &Arc<Shared>) {
+    fn confirm(&mut self, shared: &Arc<Shared>) {
+        // After a reconnect with Sentinel: a release may have been missed meanwhile.
+        let wake = self.conn.is_some() && std::mem::take(&mut self.wake_when_subscribed);
         let mut st = lock(&shared.state);
         for (name, ch) in st.channels.iter_mut() {
             if self.subscribed.contains(name) {
+                if wake {
+                    ch.events.send_modify(|n| *n += 1);
+                }
                 ch.ready = true;
                 for tx in ch.pending.drain(..) {
                     let _ = tx.send(Ok(()));

@@ -206,6 +206,7 @@ impl RedLock {
                     connect_timeout: config.options.client.connect_timeout,
                     response_timeout: config.options.client.operation_timeout,
                     cluster: None,
+                    sentinel: None,
                 })
             })
             .collect();

@@ -2,6 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod private;
+pub mod sentinel;
 
 use std::time::Duration;
 
@@ -42,6 +43,17 @@ pub fn redis_cluster_url() -> String {
         .filter(|u| !u.trim().is_empty())
         .unwrap_or_else(|| {
             "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_string()
+        })
+}
+
+/// The Sentinel-monitored master the tests use: `DISTLOCK_REDIS_SENTINEL_URL`, by default the
+/// local topology's three sentinels and its master `distlock` (`scripts/services up redis`).
+pub fn redis_sentinel_url() -> String {
+    std::env::var("DISTLOCK_REDIS_SENTINEL_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| {
+            "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/distlock".to_string()
         })
 }
 

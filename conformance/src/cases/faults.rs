@@ -223,6 +223,19 @@ pub(super) async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: C
     assert!(g2.release().await.unwrap());
 }
 
+/// The cases that put a [`Link`] between clients and servers: not applicable to a harness
+/// whose clients cannot be routed through stand-ins for its servers
+/// ([`Harness::not_applicable`](crate::Harness::not_applicable)).
+pub static THROUGH_PROXIES: &[&str] = &[
+    "partitioned_holder_is_lost_before_anyone_else_acquires",
+    "an_acquire_whose_reply_is_lost_is_given_back",
+    "an_explicit_owners_acquire_whose_reply_is_lost_is_given_back",
+    "a_lost_reentry_is_given_back_and_the_live_hold_kept",
+    "a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone",
+    "a_release_the_server_never_got_is_sent_again",
+    "waiter_outlives_a_server_outage_and_leaves_nothing_behind",
+];
+
 /// A proxy in front of every server of a backend: the network between one set of clients and
 /// the servers.
 pub(super) struct Link {

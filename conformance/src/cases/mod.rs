@@ -31,6 +31,8 @@ mod semaphore;
 mod waiting;
 mod workload;
 
+pub use faults::THROUGH_PROXIES;
+
 use basics::*;
 use election::*;
 use faults::*;
