@@ -223,7 +223,7 @@ pub(super) async fn partitioned_holder_is_lost_before_anyone_else_acquires(cx: C
     assert!(g2.release().await.unwrap());
 }
 
-/// The cases that put a [`Link`] between clients and servers: not applicable to a harness
+/// The cases that put a proxy (a `Link`) between clients and servers: not applicable to a harness
 /// whose clients cannot be routed through stand-ins for its servers
 /// ([`Harness::not_applicable`](crate::Harness::not_applicable)).
 pub static THROUGH_PROXIES: &[&str] = &[
