@@ -150,11 +150,19 @@ impl Worker {
         conn: &mut Conn,
         until: Instant,
     ) {
+        // The server's expiry is read about once a lease, so that a renewal that confirms the
+        // hold without extending its lease shows as a safe-until past the server's expiry.
+        let every = Duration::from_millis(self.config.ttl_ms);
+        let mut next_read = Instant::now() + every;
         while believes(guard) && Instant::now() < until {
             let step = Duration::from_millis(self.rng.u64(10..=100));
             let step = step.min(until.saturating_duration_since(Instant::now()));
             sleep_or_lost(guard, step).await;
             self.write(id, name, guard, conn).await;
+            if Instant::now() >= next_read && believes(guard) {
+                self.read_expiry(id, name, guard).await;
+                next_read = Instant::now() + every;
+            }
         }
     }
 
