@@ -6,6 +6,7 @@ mod backend;
 mod cluster;
 mod config;
 mod endpoint;
+mod following;
 mod keys;
 mod notices;
 mod ops;

@@ -13,18 +13,16 @@
 //! the new master) when the command connection moves to another node. A listener of the
 //! sentinels' `+switch-master` (`events.rs`) moves both as soon as a failover is announced.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::atomic::AtomicU64;
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, Result};
 use futures::stream::{FuturesUnordered, StreamExt};
-use redis::aio::ConnectionManager;
 use redis::Value;
 use tokio::sync::watch;
 
 use crate::endpoint::{Endpoint, Options};
-use crate::ops::{Conn, Server};
 
 mod events;
 mod url;
@@ -34,21 +32,21 @@ pub(crate) use url::{parse_sentinel_url, SentinelSpec};
 /// A client's view of one Sentinel-monitored master, shared by its command connection and its
 /// release notices.
 pub(crate) struct Sentinel {
-    spec: SentinelSpec,
+    pub(crate) spec: SentinelSpec,
     connect_timeout: Duration,
     backend: &'static str,
     /// The sentinels and master, as errors name them.
     display: String,
     /// Bumped after every attempt to follow the master: a call that failed before an attempt
     /// finished leaves the following to that attempt.
-    rounds: AtomicU64,
+    pub(crate) rounds: AtomicU64,
     /// One attempt at a time.
-    following: tokio::sync::Mutex<()>,
+    pub(crate) following: tokio::sync::Mutex<()>,
     /// The address (`host:port`) of the master last found, by the command connection or the
     /// release notices' connection.
-    master: watch::Sender<String>,
+    pub(crate) master: watch::Sender<String>,
     /// The address the command connection goes to.
-    conn_at: std::sync::Mutex<String>,
+    pub(crate) conn_at: std::sync::Mutex<String>,
 }
 
 impl Sentinel {
@@ -196,105 +194,12 @@ impl Sentinel {
 
 /// Whether a script's failure is one a lost or demoted master causes: worth asking the
 /// sentinels where the master is now.
-fn master_may_have_moved(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind as K, ServerErrorKind as S};
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(e.kind(), K::Server(S::ReadOnly | S::MasterDown))
-}
-
-impl Server {
-    /// Finds the master through the sentinels, connects to it (bounded by the connect timeout)
-    /// and loads the scripts there.
-    pub(crate) async fn connect_sentinel(
-        sentinel: Arc<Sentinel>,
-        endpoint: &Endpoint,
-        options: &Options,
-        backend: &'static str,
-    ) -> Result<Self> {
-        let master = sentinel.find_master().await?;
-        let mut server = Self::connect(&master, options, backend).await?;
-        *lock(&sentinel.conn_at) = address(&master);
-        sentinel.moved_to(&master);
-        server.endpoint = endpoint.clone();
-        server.sentinel = Some(sentinel);
-        Ok(server)
-    }
-
-    /// With Sentinel, before a call: if the master was found elsewhere since the command
-    /// connection was made (by the release notices' connection), moves the command connection
-    /// there (no request is sent). Returns how many attempts to follow the master had finished,
-    /// for [`follow_master`](Self::follow_master) if the call fails.
-    pub(crate) fn sync_master(&self) -> u64 {
-        let Some(sentinel) = &self.sentinel else {
-            return 0;
-        };
-        let master = sentinel.master.borrow().clone();
-        if !master.is_empty() && *lock(&sentinel.conn_at) != master {
-            let node = master
-                .rsplit_once(':')
-                .and_then(|(host, port)| Some((host, port.parse().ok()?)))
-                .and_then(|(host, port)| sentinel.spec.node.at(host, port).ok());
-            if let Some(node) = node {
-                self.connect_lazily(sentinel, &node);
-            }
-        }
-        sentinel.rounds.load(Ordering::Acquire)
-    }
-
-    fn connect_lazily(&self, sentinel: &Sentinel, master: &Endpoint) -> bool {
-        let Ok(fresh) =
-            ConnectionManager::new_lazy_with_config(master.client.clone(), self.manager.clone())
-        else {
-            return false;
-        };
-        let mut conn = self.conn.write().unwrap_or_else(PoisonError::into_inner);
-        *conn = Conn::Single(fresh);
-        *lock(&sentinel.conn_at) = address(master);
-        true
-    }
-
-    /// After a call failed with `e`: if the master may have moved, and no attempt to follow it
-    /// finished since the call began (`seen`), asks the sentinels where the master is and
-    /// puts a fresh connection to it (made on first use) in place of the current one. True if
-    /// the call can be sent again: the connection moved to another node, and the failure
-    /// shows the call never ran (refused, or `READONLY` from a demoted master).
-    pub(crate) async fn follow_master(&self, e: &redis::RedisError, seen: u64) -> bool {
-        let Some(sentinel) = &self.sentinel else {
-            return false;
-        };
-        if !master_may_have_moved(e) {
-            return false;
-        }
-        let before = lock(&sentinel.conn_at).clone();
-        {
-            let _one = sentinel.following.lock().await;
-            if sentinel.rounds.load(Ordering::Acquire) == seen {
-                if let Ok(master) = sentinel.find_master().await {
-                    if self.connect_lazily(sentinel, &master) {
-                        sentinel.moved_to(&master);
-                    }
-                }
-                sentinel.rounds.fetch_add(1, Ordering::AcqRel);
-            }
-        }
-        let never_ran = e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            );
-        never_ran && *lock(&sentinel.conn_at) != before
-    }
-}
-
 /// A node's address as `host:port`.
-fn address(node: &Endpoint) -> String {
+pub(crate) fn address(node: &Endpoint) -> String {
     node.client.get_connection_info().addr().to_string()
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
