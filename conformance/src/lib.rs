@@ -21,6 +21,7 @@ mod harness;
 mod local;
 mod proxy;
 mod runner;
+pub mod server_faults;
 mod suite;
 pub mod tls;
 

@@ -15,10 +15,10 @@ mod advisory;
 mod table;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_conformance::server_faults::{self, bounded, delta_ms, ms, Contender, LeaseLeft};
 use distlock_conformance::watch_lost;
 use distlock_postgres::sqlx;
 use distlock_postgres::{
@@ -39,33 +39,12 @@ const BUDGET: Duration = Duration::from_secs(30);
 /// acts on it.
 const SLACK: Duration = Duration::from_millis(500);
 
-fn ms(d: Duration) -> u128 {
-    d.as_millis()
-}
-
-/// Signed milliseconds from `from` to `to`.
-fn delta_ms(from: Instant, to: Instant) -> i128 {
-    if to >= from {
-        to.duration_since(from).as_millis() as i128
-    } else {
-        -(from.duration_since(to).as_millis() as i128)
-    }
-}
-
 fn skipped() -> bool {
     let skip = distlock_conformance::skipped_by_env("postgres");
     if skip {
         eprintln!("SKIPPING: DISTLOCK_SKIP names postgres");
     }
     skip
-}
-
-/// Awaits `fut`, failing the test if it does not finish within `limit` (a hang is a defect).
-async fn bounded<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what} did not finish within {limit:?}: it hangs"),
-    }
 }
 
 /// A table-mode client of the private server with its own owner label and watchdog lease.
@@ -99,26 +78,14 @@ async fn connect(config: PostgresConfig) -> Arc<PostgresLock> {
     Arc::new(lock)
 }
 
-/// Runs `op` until it answers without a temporary error, for up to `limit`: right after a
-/// restart, a connection to the old server process fails before it is replaced. Returns the
-/// answer and the temporary errors seen on the way; a permanent error fails the test.
-async fn settled<T, F, Fut>(what: &str, limit: Duration, mut op: F) -> (T, Vec<String>)
+/// [`server_faults::settled`], each try bounded by five operation timeouts: right after a
+/// restart, a connection to the old server process fails before it is replaced.
+async fn settled<T, F, Fut>(what: &str, limit: Duration, op: F) -> (T, Vec<String>)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let deadline = Instant::now() + limit;
-    let mut errors = Vec::new();
-    loop {
-        match bounded(what, OPERATION_TIMEOUT * 5, op()).await {
-            Ok(v) => return (v, errors),
-            Err(e) if e.is_temporary() && Instant::now() < deadline => {
-                errors.push(format!("{:?}: {e}", e.kind()));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{what}: {e:?} (temporary errors before it: {errors:?})"),
-        }
-    }
+    server_faults::settled(what, limit, OPERATION_TIMEOUT * 5, op).await
 }
 
 /// Checks who holds the lock: `owner` with `token`, and in table mode with some lease left (an
@@ -130,19 +97,11 @@ fn assert_held_by(
     token: FencingToken,
     when: &str,
 ) {
-    let info = info.unwrap_or_else(|| panic!("{when}: nobody holds the lock (holder() = None)"));
-    assert_eq!(info.owner.label(), owner, "{when}: wrong holder: {info:?}");
-    assert_eq!(info.token, token, "{when}: wrong token: {info:?}");
-    match mode {
-        Mode::Table => assert!(
-            info.remaining.is_some_and(|r| !r.is_zero()),
-            "{when}: no lease left: {info:?}"
-        ),
-        _ => assert!(
-            info.remaining.is_none_or(|r| !r.is_zero()),
-            "{when}: no lease left: {info:?}"
-        ),
-    }
+    let lease = match mode {
+        Mode::Table => LeaseLeft::Required,
+        _ => LeaseLeft::IfKnown,
+    };
+    server_faults::assert_held_by(info, owner, token, lease, when);
 }
 
 /// Takes `count` grants of `name` and releases each at once; their tokens, checked to rise.
@@ -164,88 +123,13 @@ async fn release_cycles(client: &Arc<PostgresLock>, name: &str, count: usize) ->
     tokens
 }
 
-/// What a contender that kept trying a held lock saw.
-#[derive(Default, Debug)]
-struct Tries {
-    /// Grants it won (each a second holder), with when.
-    grants: Vec<(FencingToken, Instant)>,
-    refused: u32,
-    /// Errors: kind, whether temporary, text.
-    errors: Vec<(ErrorKind, bool, String)>,
-    /// The longest a single try_lock took.
-    slowest: Duration,
-}
-
-/// A task that tries `name` every 100 ms until stopped, recording every answer; a grant is
-/// kept (not released), so that an overlap stays visible.
-struct Contender {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Tries>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Contender {
-    fn spawn(client: Arc<PostgresLock>, name: &'static str) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Tries::default()));
-        let task = tokio::spawn({
-            let (stop, seen) = (stop.clone(), seen.clone());
-            async move {
-                while !stop.load(Ordering::SeqCst) {
-                    let sent = Instant::now();
-                    let answer = client.try_lock(name).await;
-                    {
-                        let mut s = seen.lock().unwrap();
-                        s.slowest = s.slowest.max(sent.elapsed());
-                        match answer {
-                            Ok(Some(g)) => {
-                                s.grants.push((g.token(), Instant::now()));
-                                // Kept: a release would hide the overlap.
-                                std::mem::forget(g);
-                            }
-                            Ok(None) => s.refused += 1,
-                            Err(e) => s.errors.push((e.kind(), e.is_temporary(), e.to_string())),
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        });
-        Self { stop, seen, task }
-    }
-
-    async fn finish(self) -> Tries {
-        self.stop.store(true, Ordering::SeqCst);
-        bounded("the contender's loop", OPERATION_TIMEOUT * 5, self.task)
-            .await
-            .expect("contender task");
-        std::mem::take(&mut *self.seen.lock().unwrap())
-    }
-}
-
-/// Runs one call against a server that does not answer and checks that it fails with a
-/// temporary `Unavailable` within `limit`; returns the error.
+/// [`server_faults::fails_in_time`] for this backend.
 async fn fails_in_time<T: std::fmt::Debug>(
     what: &str,
     limit: Duration,
     call: impl Future<Output = Result<T>>,
 ) -> Error {
-    let sent = Instant::now();
-    // Three times the limit: a call still waiting then is taken to hang.
-    let answer = bounded(what, limit * 3, call).await;
-    let took = sent.elapsed();
-    eprintln!("paused: {what} answered in {} ms: {answer:?}", ms(took));
-    let e = match answer {
-        Err(e) => e,
-        Ok(v) => panic!("{what} answered {v:?} while the server was stopped"),
-    };
-    assert_eq!(e.kind(), ErrorKind::Unavailable, "{what}: {e}");
-    assert!(e.is_temporary(), "{what}: not temporary: {e}");
-    assert!(
-        took <= limit,
-        "{what} took {} ms, more than the {} ms the operation timeout allows",
-        ms(took),
-        ms(limit)
-    );
-    e
+    server_faults::fails_in_time(what, "postgres", limit, call)
+        .await
+        .0
 }

@@ -177,7 +177,7 @@ async fn table_restart() {
         "past the safe-until at the crash",
     );
 
-    let tries = trying.finish().await;
+    let tries = trying.finish(OPERATION_TIMEOUT * 5).await;
     eprintln!(
         "contender while held: {} refused, {} errors, slowest try_lock {} ms; errors: {:?}",
         tries.refused,
