@@ -89,7 +89,7 @@ impl RedisLock {
                 Self::BACKEND,
             ))
         });
-        let server = match (&config.cluster, &sentinel) {
+        let mut server = match (&config.cluster, &sentinel) {
             (Some(spec), _) => {
                 Server::connect_cluster(spec, endpoint, options, Self::BACKEND).await?
             }
@@ -98,6 +98,7 @@ impl RedisLock {
             }
             (None, None) => Server::connect(endpoint, options, Self::BACKEND).await?,
         };
+        server.sync = options.sync.in_force(options.client.operation_timeout);
         // Through Sentinel: a failover is heard of when a sentinel announces it.
         let switches = sentinel.as_ref().map(|sentinel| {
             let (stop, listening) = tokio::sync::watch::channel(());
@@ -175,7 +176,8 @@ impl Shared {
 
     async fn hand_over(&self, from: &Grant, to: &AcquireRequest) -> Result<HandOver> {
         // The hand-over script is the lock's; the core sends a permit's release as a release.
-        if from.permits > 1 || to.permits > 1 {
+        // With sync_replicas the profile hands nothing over: every grant is an acquire.
+        if from.permits > 1 || to.permits > 1 || self.server.sync.is_some() {
             return Ok(HandOver::Released(self.release(from).await?));
         }
         let sent_at = Instant::now();
@@ -205,8 +207,9 @@ impl DistributedLock for RedisLock {
             // Waiters subscribe to the lock's channel; a release publishes on it.
             .waiting(Waiting::Notify)
             // A release wakes a waiting task of this handle with the lock already its own: one
-            // script gives up the releasing grant and grants the waiter a fresh token.
-            .hands_over(true)
+            // script gives up the releasing grant and grants the waiter a fresh token. Not with
+            // sync_replicas: every grant is then an acquire, which waits for the replicas.
+            .hands_over(self.shared.server.sync.is_none())
     }
 
     async fn force_release(&self, name: &LockName, token: FencingToken) -> Result<bool> {

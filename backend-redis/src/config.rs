@@ -166,6 +166,35 @@ impl RedisConfig {
 
     setters!();
 
+    /// Waits after every grant, re-entry, renewal and permit grant or renewal until `n`
+    /// replicas acknowledged it (`WAIT n timeout` on the same connection; URL
+    /// `sync_replicas=n`; 0, the default, waits for none). A grant fewer replicas acknowledged
+    /// is given back and is [`Unavailable`](distlock_api::ErrorKind::Unavailable); such a
+    /// renewal fails as a temporary error. See the crate docs, *Replicas and failover*, for
+    /// what this does and does not promise.
+    pub fn sync_replicas(mut self, n: u32) -> Self {
+        self.options.sync.replicas = n;
+        self
+    }
+
+    /// The `WAIT` timeout of [`sync_replicas`](Self::sync_replicas) (URL `sync_timeout`):
+    /// at least 1 ms, at most half the operation timeout, and cut to a third of the lease of
+    /// each write. Unset, it is a tenth of the lease, at most half the operation timeout.
+    pub fn sync_timeout(mut self, timeout: Duration) -> Self {
+        self.options.sync.timeout = Some(timeout);
+        self
+    }
+
+    /// How many replicas must acknowledge each grant and renewal (0: none).
+    pub fn get_sync_replicas(&self) -> u32 {
+        self.options.sync.replicas
+    }
+
+    /// The `WAIT` timeout set with [`sync_timeout`](Self::sync_timeout), if any.
+    pub fn get_sync_timeout(&self) -> Option<Duration> {
+        self.options.sync.timeout
+    }
+
     /// Whether this is a Redis Cluster (`redis+cluster://`).
     pub fn is_cluster(&self) -> bool {
         self.cluster.is_some()
@@ -270,6 +299,12 @@ impl RedLockConfig {
     /// Checks every option; [`RedLock::connect`](crate::RedLock::connect) calls it before any
     /// I/O.
     pub fn validate(&self) -> Result<()> {
+        if self.options.sync.replicas > 0 || self.options.sync.timeout.is_some() {
+            return Err(Error::invalid(
+                "sync_replicas is not a RedLock option: RedLock's masters are independent and \
+                 its safety rests on a majority of them, not on their replicas",
+            ));
+        }
         let n = self.endpoints.len();
         if n < MIN_REDLOCK_INSTANCES {
             return Err(Error::invalid(format!(

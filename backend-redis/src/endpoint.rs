@@ -9,6 +9,7 @@ use distlock_api::config::{redact, ConfigUrl};
 use distlock_api::{ClientOptions, Error, ErrorKind, Result, DEFAULT_TTL};
 
 use crate::keys::{check_prefix, KeySpace};
+use crate::replicas::SyncReplicas;
 
 /// The name the config's errors carry.
 pub(crate) const BACKEND: &str = "redis";
@@ -30,6 +31,9 @@ pub(crate) struct Options {
     /// RedLock only: whether waiters listen to the masters' release messages (`None`: the
     /// default, on). Given for a single server, `validate` refuses it.
     pub(crate) release_signals: Option<bool>,
+    /// `sync_replicas` and `sync_timeout` (single server, Sentinel, Cluster; RedLock refuses
+    /// them).
+    pub(crate) sync: SyncReplicas,
 }
 
 impl Default for Options {
@@ -37,6 +41,7 @@ impl Default for Options {
         Self {
             key_prefix: DEFAULT_KEY_PREFIX.to_string(),
             release_signals: None,
+            sync: SyncReplicas::default(),
             client: ClientOptions::new(
                 DEFAULT_TTL,
                 DEFAULT_CONNECT_TIMEOUT,
@@ -49,7 +54,8 @@ impl Default for Options {
 impl Options {
     pub(crate) fn validate(&self) -> Result<()> {
         check_prefix(&self.key_prefix)?;
-        self.client.validate(BACKEND)
+        self.client.validate(BACKEND)?;
+        self.sync.validate(self.client.operation_timeout)
     }
 
     pub(crate) fn keys(&self) -> KeySpace {
@@ -85,6 +91,7 @@ pub(crate) fn endpoint(raw: &str, options: &mut Options) -> Result<Endpoint> {
     if let Some(on) = query.take_bool("release_signals")? {
         options.release_signals = Some(on);
     }
+    options.sync.take_from(&mut query)?;
     let base = raw.split_once('?').map_or(raw, |(b, _)| b);
     let driver_url = match query.rest() {
         Some(rest) => format!("{base}?{rest}"),

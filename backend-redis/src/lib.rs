@@ -12,6 +12,7 @@ mod notices;
 mod ops;
 mod permits;
 mod redlock;
+mod replicas;
 mod scripts;
 mod sentinel;
 #[cfg(feature = "testing")]

@@ -13,6 +13,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::endpoint::{Endpoint, Options};
 use crate::keys::KeySpace;
+use crate::replicas::{Call, Waiting};
 use crate::scripts::{self, LockScripts, PermitScripts};
 use crate::sentinel::Sentinel;
 
@@ -105,6 +106,8 @@ pub(crate) struct Server {
     /// Set for a master found through Sentinel (`redis+sentinel://`): where to ask for the
     /// master again when it may have moved.
     pub(crate) sentinel: Option<Arc<Sentinel>>,
+    /// With `sync_replicas`: the replicas every grant and renewal waits for.
+    pub(crate) sync: Option<Waiting>,
 }
 
 impl Server {
@@ -199,6 +202,7 @@ impl Server {
             endpoint: endpoint.clone(),
             backend,
             sentinel: None,
+            sync: None,
         }
     }
 
@@ -259,7 +263,7 @@ impl Server {
 
     /// Puts a fresh connection, made on first use, in place of the current one. Requests in
     /// flight on the old one finish (or time out) on it.
-    fn replace_connection(&self) {
+    pub(crate) fn replace_connection(&self) {
         // A cluster connection replaces its nodes' connections by itself; a Sentinel
         // client's is replaced when it follows the master.
         if self.is_cluster() || self.sentinel.is_some() {
@@ -280,23 +284,27 @@ impl Server {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<Acquired> {
-        let mut inv = self.scripts.acquire.script.prepare_invoke();
-        inv.key(self.keys.lock_key(name))
+        let call = Call::new(&self.scripts.acquire)
+            .key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
             .arg(millis(ttl));
-        let reply =
-            ints(self.run("acquire", inv).await?).ok_or_else(|| self.bad_reply("acquire"))?;
+        let (reply, acks) = self.write("acquire", call, ttl).await?;
+        let reply = ints(reply).ok_or_else(|| self.bad_reply("acquire"))?;
         if let [2, max] = reply[..] {
             return Err(other_permits(name, max, 1));
         }
         match reply[..] {
-            [1, token, count, fence] => Ok(Acquired::Granted {
-                token: u64::try_from(token).map_err(|_| self.bad_reply("acquire"))?,
-                count: u32::try_from(count).map_err(|_| self.bad_reply("acquire"))?,
-                fence: u64::try_from(fence).map_err(|_| self.bad_reply("acquire"))?,
-            }),
+            [1, token, count, fence] => {
+                let token = u64::try_from(token).map_err(|_| self.bad_reply("acquire"))?;
+                self.check_grant(acks, name, (owner, token), false).await?;
+                Ok(Acquired::Granted {
+                    token,
+                    count: u32::try_from(count).map_err(|_| self.bad_reply("acquire"))?,
+                    fence: u64::try_from(fence).map_err(|_| self.bad_reply("acquire"))?,
+                })
+            }
             [0, pttl] => Ok(Acquired::Held {
                 pttl: pttl_of(pttl),
             }),
@@ -369,13 +377,14 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = self.scripts.renew.script.prepare_invoke();
-        inv.key(self.keys.lock_key(name))
+        let call = Call::new(&self.scripts.renew)
+            .key(self.keys.lock_key(name))
             .arg(&*owner.text())
             .arg(token)
             .arg(millis(ttl));
-        match int(self.run("renew", inv).await?) {
-            Some(1) => Ok(true),
+        let (reply, acks) = self.write("renew", call, ttl).await?;
+        match int(reply) {
+            Some(1) => self.check_renewal(acks, name).map(|()| true),
             Some(0) => Ok(false),
             _ => Err(self.bad_reply("renew")),
         }

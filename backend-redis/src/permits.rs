@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use crate::ops::{int, ints, millis, other_permits, pttl_of, Acquired, Server};
+use crate::replicas::Call;
 use distlock_api::{LockName, OwnerId, Result};
 
 /// What the permit-of script found for an owner.
@@ -33,8 +34,8 @@ impl Server {
         ttl: Duration,
         max: u32,
     ) -> Result<Acquired> {
-        let mut inv = self.permit_scripts.acquire.script.prepare_invoke();
-        inv.key(self.keys.lock_key(name))
+        let call = Call::new(&self.permit_scripts.acquire)
+            .key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
@@ -42,13 +43,18 @@ impl Server {
             .arg(millis(ttl))
             .arg(max);
         let bad = || self.bad_reply("permit acquire");
-        let reply = ints(self.run("permit acquire", inv).await?).ok_or_else(bad)?;
+        let (reply, acks) = self.write("permit acquire", call, ttl).await?;
+        let reply = ints(reply).ok_or_else(bad)?;
         match reply[..] {
-            [1, token, count] => Ok(Acquired::Granted {
-                token: u64::try_from(token).map_err(|_| bad())?,
-                count: u32::try_from(count).map_err(|_| bad())?,
-                fence: 0,
-            }),
+            [1, token, count] => {
+                let token = u64::try_from(token).map_err(|_| bad())?;
+                self.check_grant(acks, name, (owner, token), true).await?;
+                Ok(Acquired::Granted {
+                    token,
+                    count: u32::try_from(count).map_err(|_| bad())?,
+                    fence: 0,
+                })
+            }
             [0, pttl] => Ok(Acquired::Held {
                 pttl: pttl_of(pttl),
             }),
@@ -84,14 +90,15 @@ impl Server {
         token: u64,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut inv = self.permit_scripts.renew.script.prepare_invoke();
-        inv.key(self.keys.holders_key(name))
+        let call = Call::new(&self.permit_scripts.renew)
+            .key(self.keys.holders_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
             .arg(token)
             .arg(millis(ttl));
-        match int(self.run("permit renew", inv).await?) {
-            Some(1) => Ok(true),
+        let (reply, acks) = self.write("permit renew", call, ttl).await?;
+        match int(reply) {
+            Some(1) => self.check_renewal(acks, name).map(|()| true),
             Some(0) => Ok(false),
             _ => Err(self.bad_reply("permit renew")),
         }

@@ -134,9 +134,16 @@ fn parse(
     if let Some(on) = query.take_bool("release_signals")? {
         options.release_signals = Some(on);
     }
+    options.sync.take_from(&mut query)?;
     let sentinel_password = query.take_str("sentinel_password");
     let protocol = query.take_str("protocol");
-    query.finish(&["key_prefix", "sentinel_password", "protocol (resp2, resp3)"])?;
+    query.finish(&[
+        "key_prefix",
+        "sentinel_password",
+        "protocol (resp2, resp3)",
+        "sync_replicas",
+        "sync_timeout",
+    ])?;
     let query = match &protocol {
         Some(p) if matches!(p.as_str(), "2" | "3" | "resp2" | "resp3") => format!("?protocol={p}"),
         Some(p) => return Err(cut.invalid(format!("option protocol={p:?} is not resp2 or resp3"))),
