@@ -97,9 +97,11 @@ pub struct RedisConfig {
 impl RedisConfig {
     /// Parses `redis://[user:password@]host[:port][/db][?options]` or `rediss://…` (TLS,
     /// with the `tls` feature; without it [`Unsupported`](distlock_api::ErrorKind::Unsupported)). distlock
-    /// reads `key_prefix` and the shared options of [`distlock_api::config`] (`owner`,
-    /// `default_ttl`, `connect_timeout`, `operation_timeout`, its older name
-    /// `response_timeout`, and their `_ms` spellings); the rest go to the `redis` driver
+    /// reads `key_prefix`, `sync_replicas` and `sync_timeout` (see
+    /// [`sync_replicas`](Self::sync_replicas)) and the shared options of
+    /// [`distlock_api::config`] (`owner`, `default_ttl`, `connect_timeout`,
+    /// `operation_timeout`, its older name `response_timeout`, and their `_ms` spellings); the
+    /// rest go to the `redis` driver
     /// (e.g. `protocol=resp3`).
     /// A malformed URL is [`InvalidArgument`](distlock_api::ErrorKind::InvalidArgument); no I/O happens.
     ///
