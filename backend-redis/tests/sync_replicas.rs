@@ -24,6 +24,21 @@ async fn connect(url: &str) -> Arc<RedisLock> {
     )
 }
 
+/// The first `host:port` of a URL's host list: its port, and the path after it.
+fn first_port(url: &str) -> (u16, String) {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let first = hosts.split(['?', ',']).next().unwrap_or_default();
+    let port = first.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+    let path = path
+        .split(['?', '/'])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    (port.expect("a port in the URL"), path)
+}
+
 /// The replicas' ports of the master on `port`, from its `INFO replication`.
 async fn replicas_of(port: u16) -> Vec<u16> {
     let info: String = query(port, redis::cmd("INFO").arg("replication"))
@@ -70,16 +85,16 @@ async fn through_sentinel_every_grant_is_on_both_replicas_when_the_call_returns(
     );
     let locks = connect(&url).await;
     let config = RedisConfig::from_url(&url).unwrap();
+    let (sentinel, master_name) = first_port(&common::redis_sentinel_url());
     let master: Option<(String, u16)> = query(
-        26379,
+        sentinel,
         redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
-            .arg("distlock"),
+            .arg(&master_name),
     )
     .await
-    .ok()
-    .flatten();
-    let master = master.map_or(6390, |(_, port)| port);
+    .expect("the sentinel names the master");
+    let master = master.expect("the sentinel knows the master").1;
     let replicas = replicas_of(master).await;
     assert!(replicas.len() >= 2, "the master's replicas: {replicas:?}");
 
@@ -168,11 +183,12 @@ async fn on_the_cluster_a_grant_waits_on_its_slots_primary_and_reaches_its_repli
     let config = RedisConfig::from_url(&url).unwrap();
     let name = format!("{}cluster", common::unique("sync"));
     let key = config.lock_key(&LockName::new(&name).unwrap());
-    let slot: i64 = query(7000, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key))
+    let (seed, _) = first_port(&common::redis_cluster_url());
+    let slot: i64 = query(seed, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key))
         .await
         .unwrap();
     // [[start, end, [host, port, id], [host, port, id] (replicas)…], …]
-    let ranges: Vec<Vec<Value>> = query(7000, redis::cmd("CLUSTER").arg("SLOTS"))
+    let ranges: Vec<Vec<Value>> = query(seed, redis::cmd("CLUSTER").arg("SLOTS"))
         .await
         .unwrap();
     let port = |v: &Value| match v {
