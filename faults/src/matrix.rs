@@ -162,6 +162,8 @@ pub(crate) enum Scenario {
     LeaderKill,
     FollowerKill,
     MemberCut,
+    /// 3-member cluster: the leader cut off from its peers while a holder talks only to it.
+    LeaderCut,
     MemberRestart,
     /// RedLock over 5 private masters, this many of them stopped past the lease.
     MastersDown(usize),
@@ -191,6 +193,7 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::LeaderKill,
     Scenario::FollowerKill,
     Scenario::MemberCut,
+    Scenario::LeaderCut,
     Scenario::MemberRestart,
     Scenario::MastersDown(1),
     Scenario::MastersDown(2),
@@ -219,6 +222,7 @@ impl Scenario {
             Scenario::LeaderKill => "leader-kill",
             Scenario::FollowerKill => "follower-kill",
             Scenario::MemberCut => "member-cut",
+            Scenario::LeaderCut => "leader-cut",
             Scenario::MemberRestart => "member-restart",
             Scenario::MastersDown(1) => "masters-down-1",
             Scenario::MastersDown(2) => "masters-down-2",
@@ -274,6 +278,11 @@ impl Scenario {
                 "3-member cluster: a follower cut off from its peers (nftables in its namespace) \
                  while a holder talks only to it, past the session; healed"
             }
+            Scenario::LeaderCut => {
+                "3-member cluster: the leader cut off from its peers (nftables in its namespace) \
+                 while a holder talks only to it, past the session; healed (the majority elects \
+                 another leader meanwhile)"
+            }
             Scenario::MemberRestart => {
                 "3-member cluster: each member in turn killed and restarted on its data"
             }
@@ -328,6 +337,7 @@ impl Scenario {
             | Scenario::LeaderKill
             | Scenario::FollowerKill
             | Scenario::MemberCut
+            | Scenario::LeaderCut
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
             _ => 3,
@@ -361,6 +371,7 @@ impl Scenario {
             Scenario::LeaderKill
                 | Scenario::FollowerKill
                 | Scenario::MemberCut
+                | Scenario::LeaderCut
                 | Scenario::MemberRestart
         )
     }

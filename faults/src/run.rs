@@ -103,6 +103,9 @@ async fn run_inner(
     // The member a clustered scenario faults while one client talks to it alone.
     let target = match (&server, scenario) {
         (Some(d), Scenario::FollowerKill | Scenario::MemberCut) => Some(d.follower().await),
+        (Some(d), Scenario::LeaderCut) => {
+            Some(d.leader().await.ok_or("the cluster has no leader")?)
+        }
         _ => None,
     };
     let base_url = backend.with_session(
@@ -416,12 +419,17 @@ async fn run_inner(
             note(format!("{role} restarted"), None, true, None);
             restarted.map_err(|e| format!("member {victim} did not come back: {e}"))?;
         }
-        Scenario::MemberCut => {
+        Scenario::MemberCut | Scenario::LeaderCut => {
             let d = server.as_mut().ok_or("no private cluster")?;
-            let victim = target.ok_or("no follower to cut off")?;
+            let victim = target.ok_or("no member to cut off")?;
+            let role = if scenario == Scenario::LeaderCut {
+                "leader"
+            } else {
+                "follower"
+            };
             d.cut(victim)?;
             note(
-                format!("cut follower {victim} off from its peers (client 0 talks only to it)"),
+                format!("cut {role} {victim} off from its peers (client 0 talks only to it)"),
                 None,
                 false,
                 None,
@@ -430,7 +438,7 @@ async fn run_inner(
             if let Err(e) = d.heal(victim) {
                 undo_error = Some(e);
             }
-            note(format!("healed follower {victim}"), None, true, None);
+            note(format!("healed {role} {victim}"), None, true, None);
         }
         Scenario::MemberRestart => {
             let d = server.as_mut().ok_or("no private cluster")?;
