@@ -308,7 +308,7 @@ impl DistributedLock for PostgresLock {
 
     async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
         match &self.inner.advisory {
-            Some(a) => a.renew_many(grants).await,
+            Some(a) => a.renew_many(&self.core, grants).await,
             None => self.inner.renew_many(grants).await,
         }
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::Attempt;
 use distlock_api::backend::{lost, AcquireRequest, ClientCore, Surplus};
-use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, Result};
+use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockName, LostReason, Result};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Row;
@@ -81,6 +81,14 @@ fn collision(name: &LockName, other: &str, key: i64) -> Error {
     .with_lock(name)
 }
 
+/// A confirmation's outcome on the session.
+enum Renewed {
+    /// The server's answer (or a failed round trip).
+    Answer(Result<Duration>),
+    /// The session that held the grant ended (or the grant was released).
+    SessionEnded(Error),
+}
+
 fn session_lost(name: &LockName, why: &str) -> Error {
     lost(name, format!("the advisory session {why}")).with_backend(BACKEND)
 }
@@ -135,11 +143,30 @@ impl Advisory {
         detached(async move { shared.release(&grant).await }).await
     }
 
-    pub(crate) async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
-        let (shared, grants) = (self.shared.clone(), grants.to_vec());
+    /// Confirms `grants` on the session. A grant whose session ended is lost with
+    /// [`LostReason::Session`] (its guard learns why), not as a lock taken over.
+    pub(crate) async fn renew_many(
+        &self,
+        core: &ClientCore,
+        grants: &[(Grant, Duration)],
+    ) -> Vec<Result<Duration>> {
+        let (shared, owned) = (self.shared.clone(), grants.to_vec());
         let n = grants.len();
-        match detached(async move { Ok(shared.renew_many(&grants).await) }).await {
-            Ok(results) => results,
+        match detached(async move { Ok(shared.renew_many(&owned).await) }).await {
+            Ok(results) => results
+                .into_iter()
+                .zip(grants)
+                .map(|(renewed, (g, _))| match renewed {
+                    Renewed::Answer(r) => r,
+                    Renewed::SessionEnded(e) => {
+                        core.mark_lost(
+                            |x| x.name == g.name && x.token == g.token && x.key == g.key,
+                            LostReason::Session(e.message().to_string()),
+                        );
+                        Err(e)
+                    }
+                })
+                .collect(),
             Err(e) => (0..n).map(|_| Err(crate::error::clone_error(&e))).collect(),
         }
     }
@@ -418,9 +445,9 @@ impl Shared {
     /// One probe for every grant: the session answers, holds each key, and each key's row
     /// still records the grant. A key whose row was removed (an operator's force-release) is
     /// unlocked here.
-    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Result<Duration>> {
+    async fn renew_many(&self, grants: &[(Grant, Duration)]) -> Vec<Renewed> {
         let mut st = self.lock_state().await;
-        let mut results: Vec<Option<Result<Duration>>> = Vec::with_capacity(grants.len());
+        let mut results: Vec<Option<Renewed>> = Vec::with_capacity(grants.len());
         let mut asked = Vec::new();
         for (i, (g, _)) in grants.iter().enumerate() {
             match Self::holds_grant(&st, g) {
@@ -428,7 +455,7 @@ impl Shared {
                     asked.push((i, h));
                     results.push(None);
                 }
-                None => results.push(Some(Err(session_lost(
+                None => results.push(Some(Renewed::SessionEnded(session_lost(
                     &g.name,
                     "that held this grant ended, or the grant was released",
                 )))),
@@ -457,19 +484,20 @@ impl Shared {
                             .find(|r| r.0 == j as i64 + 1)
                             .map_or((false, false), |r| (r.1, r.2));
                         results[i] = Some(if held && recorded {
-                            Ok(self.bound)
+                            Renewed::Answer(Ok(self.bound))
                         } else if held {
                             // Removed behind the holder's back: give the key up.
                             let _ = self
                                 .release_hold(&mut st, name, Held { holds: 1, ..h })
                                 .await;
-                            Err(
-                                lost(name, "the advisory lock's row was removed (force-released)")
-                                    .with_backend(BACKEND),
+                            Renewed::Answer(Err(lost(
+                                name,
+                                "the advisory lock's row was removed (force-released)",
                             )
+                            .with_backend(BACKEND)))
                         } else {
                             st.held.remove(name);
-                            Err(session_lost(name, "no longer holds the key"))
+                            Renewed::SessionEnded(session_lost(name, "no longer holds the key"))
                         });
                     }
                 }
@@ -477,9 +505,12 @@ impl Shared {
                     for (i, _) in asked {
                         let g = &grants[i].0;
                         results[i] = Some(if st.conn.is_none() {
-                            Err(session_lost(&g.name, "was dropped after a failed probe"))
+                            Renewed::SessionEnded(session_lost(
+                                &g.name,
+                                "was dropped after a failed probe",
+                            ))
                         } else {
-                            Err(crate::error::clone_error(&e).with_lock(&g.name))
+                            Renewed::Answer(Err(crate::error::clone_error(&e).with_lock(&g.name)))
                         });
                     }
                 }
