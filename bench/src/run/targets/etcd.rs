@@ -1,7 +1,8 @@
-//! etcd. The floor sends the backend's two transactions directly over a gRPC connection of its
-//! own, with a lease of its own: the put-if-absent of the lock key (which also reads the two
-//! newest keys of the lock's directory, to learn whether it is first), and the delete
-//! conditional on the key's create-revision.
+//! etcd. The floor sends the backend's two requests directly over a gRPC connection of its
+//! own, with a lease of its own: the put-if-absent transaction of the lock key (which also reads
+//! the two newest keys of the lock's directory, to learn whether it is first), and a plain delete
+//! of the key that returns what it deleted (checked to be the key just made). These are the two
+//! requests etcd's Go `concurrency.Mutex` sends, the least a queue-ordered lock on etcd needs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use distlock_api::{LockName, SharedLock};
 use distlock_etcd::etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use distlock_etcd::{EtcdConfig, EtcdLock};
 
@@ -144,7 +145,7 @@ impl Target for EtcdTarget {
     fn floor_ops(&self) -> FloorOps {
         FloorOps {
             what: "txn put-if-absent of the lock key (+ read of the directory's two newest keys) \
-                   + txn delete if the create-revision matches",
+                   + delete of the key (returning it, to check its create-revision)",
             round_trips: 2,
         }
     }
@@ -188,14 +189,17 @@ impl Floor for EtcdFloor {
             _ => return Err(format!("floor: {key} is not alone in its directory").into()),
         };
         let release = Instant::now();
-        let delete = Txn::new()
-            .when([Compare::create_revision(
-                key.as_str(),
-                CompareOp::Equal,
-                rev,
-            )])
-            .and_then([TxnOp::delete(key.as_str(), None)]);
-        if !self.client.txn(delete).await?.succeeded() {
+        // A plain delete that returns what it deleted (as the Go Mutex's unlock, and the
+        // backend's release, send): the cheapest write that frees the lock, checked after.
+        let deleted = self
+            .client
+            .delete(key.as_str(), Some(DeleteOptions::new().with_prev_key()))
+            .await?;
+        if !deleted
+            .prev_kvs()
+            .iter()
+            .any(|kv| kv.create_revision() == rev)
+        {
             return Err(format!("floor: {key} changed under the floor").into());
         }
         Ok(release.elapsed())
