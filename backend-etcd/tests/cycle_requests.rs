@@ -2,29 +2,38 @@
 //! the server, by the server's own count (`grpc_server_handled_total` of its `/metrics`), not the
 //! library's: one transaction (the put-if-absent that also reads the queue) and one plain delete,
 //! the two requests etcd's Go `concurrency.Mutex` sends — and nothing else (no watch, no lease
-//! work, no second read).
+//! work, no second read). On a private cluster, so that no other client's request is counted.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
+use cluster::Cluster;
 use distlock_conformance::given::unique_name;
-use distlock_etcd::{EtcdLock, LockExt, SharedLock};
+use distlock_etcd::{LockExt, SharedLock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Cycles per measurement.
 const CYCLES: u64 = 20;
-/// Measurements: the server is shared (other clients' requests add to its counts, never take
-/// away), so the test passes if any one of them shows exactly the cycles' requests.
-const TRIES: usize = 6;
 
-/// The unary requests the server has handled so far, by method (every code summed).
-async fn handled() -> BTreeMap<String, u64> {
-    let config = common::config();
-    let endpoint = config.endpoints()[0].clone();
-    let host = endpoint
+/// The unary requests the members have handled so far, by method (every code summed over
+/// every member: a request counts at the member the client sent it to).
+async fn handled(urls: &[String]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for url in urls {
+        for (method, n) in handled_by(url).await {
+            *out.entry(method).or_default() += n;
+        }
+    }
+    out
+}
+
+/// The unary requests one member has handled so far, by method.
+async fn handled_by(url: &str) -> BTreeMap<String, u64> {
+    let host = url
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_string();
@@ -60,7 +69,11 @@ async fn an_uncontended_cycle_is_one_transaction_and_one_delete_at_the_server() 
     if common::skip() {
         return;
     }
-    let lock: SharedLock = Arc::new(EtcdLock::connect(common::config()).await.unwrap());
+    let cluster = Cluster::start(20461);
+    let leader = cluster.leader().await;
+    let lock: SharedLock = cluster
+        .client([leader, (leader + 1) % 3, (leader + 2) % 3])
+        .await;
     let name = unique_name("cycle-requests");
     let cycle = || async {
         let guard = lock.lock(&name, Duration::from_secs(5)).await.unwrap();
@@ -70,29 +83,22 @@ async fn an_uncontended_cycle_is_one_transaction_and_one_delete_at_the_server() 
     for _ in 0..3 {
         cycle().await;
     }
-    let mut seen = Vec::new();
-    for _ in 0..TRIES {
-        let before = handled().await;
-        for _ in 0..CYCLES {
-            cycle().await;
-        }
-        let after = handled().await;
-        let per_method: BTreeMap<String, u64> = after
-            .iter()
-            .map(|(m, n)| (m.clone(), n - before.get(m).copied().unwrap_or(0)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        let expected = BTreeMap::from([
-            ("DeleteRange".to_string(), CYCLES),
-            ("Txn".to_string(), CYCLES),
-        ]);
-        if per_method == expected {
-            return;
-        }
-        seen.push(per_method);
+    let before = handled(&cluster.urls).await;
+    for _ in 0..CYCLES {
+        cycle().await;
     }
-    panic!(
-        "{CYCLES} uncontended cycles should be {CYCLES} Txn + {CYCLES} DeleteRange at the \
-         server; in {TRIES} tries it handled {seen:?}"
+    let after = handled(&cluster.urls).await;
+    let per_method: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(m, n)| (m.clone(), n - before.get(m).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let expected = BTreeMap::from([
+        ("DeleteRange".to_string(), CYCLES),
+        ("Txn".to_string(), CYCLES),
+    ]);
+    assert_eq!(
+        per_method, expected,
+        "{CYCLES} uncontended cycles should be {CYCLES} Txn + {CYCLES} DeleteRange at the server"
     );
 }
