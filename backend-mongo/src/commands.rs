@@ -163,27 +163,36 @@ fn state_projection(value: bool) -> Document {
     doc! { "$project": fields }
 }
 
-/// The filter of release and renew: this grant (owner and token) still holds the lock live.
-/// `$expr` with `$$NOW` is allowed here because these updates never upsert.
-pub(crate) fn held_by(name: &str, owner: &str, token: i64) -> Document {
-    doc! {
-        "_id": name,
-        OWNER: owner,
-        TOKEN: token,
-        "$expr": { "$gt": [ "$expires_at", "$$NOW" ] },
-    }
+/// The filter of release, renew, hand-over and proclaim: the document of this grant (owner and
+/// token), live or not. Plain equalities, with `_id` among them, so every server answers it from
+/// the `_id` index; an `$expr` (as this filter had, to compare the lease with `$$NOW`) makes the
+/// test server scan the whole collection. Whether the lease is live is judged inside the update
+/// instead (see [`lease_live`]), by the same `$$NOW`, in the same step on the same document.
+pub(crate) fn grant_of(name: &str, owner: &str, token: i64) -> Document {
+    doc! { "_id": name, OWNER: owner, TOKEN: token }
 }
 
-/// The filter of a batch renewal: the documents that one of `grants` (name, owner and token)
-/// still holds live. Owner and token are part of the filter, not checked afterwards: a late
-/// batch holding an old grant must not lengthen the lease of a newer grant of that name, which
-/// its own guard does not expect; and every acquisition has an owner id of its own, so one
-/// batch carries many owners. `$in` on `_id` is one index lookup per name on every server,
-/// which an `$or` of per-grant filters is not (the test server scans the collection for that);
-/// the exact (name, owner, token) triple is then matched by `$expr`, with the triples as a
-/// `$literal` so that a name starting with `$` is not read as a field path.
-pub(crate) fn held_as(grants: &[(&str, &str, i64)]) -> Document {
+/// Whether the document's lease is live by the server's clock: `expires_at > $$NOW` (false for
+/// a `null` or missing expiry, a free lock).
+pub(crate) fn lease_live() -> Document {
+    doc! { "$gt": [ "$expires_at", "$$NOW" ] }
+}
+
+/// The filter of a batch renewal: the documents named by `grants` (name, owner, token), by
+/// `$in` on `_id`, one index lookup per name on every server (an `$or` of per-grant filters,
+/// or any `$expr`, makes the test server scan the collection). Which of them a grant of the
+/// batch still holds live is judged inside the update ([`renew_batch_pipeline`]).
+pub(crate) fn named(grants: &[(&str, &str, i64)]) -> Document {
     let names: Vec<&str> = grants.iter().map(|&(name, _, _)| name).collect();
+    doc! { "_id": { "$in": names } }
+}
+
+/// Whether the document is held live by one of `grants`: the exact (name, owner, token) triple,
+/// not only the name. Owner and token are checked per grant: a late batch holding an old grant
+/// must not lengthen the lease of a newer grant of that name, which its own guard does not
+/// expect; and every acquisition has an owner id of its own, so one batch carries many owners.
+/// The triples are a `$literal` so that a name starting with `$` is not read as a field path.
+fn held_by_one_of(grants: &[(&str, &str, i64)]) -> Document {
     let triples: Vec<Bson> = grants
         .iter()
         .map(|&(name, owner, token)| {
@@ -194,78 +203,136 @@ pub(crate) fn held_as(grants: &[(&str, &str, i64)]) -> Document {
             ])
         })
         .collect();
-    doc! {
-        "_id": { "$in": names },
-        "$expr": { "$and": [
-            { "$gt": [ "$expires_at", "$$NOW" ] },
-            { "$in": [ [ "$_id", "$owner", "$token" ], { "$literal": triples } ] },
-        ] },
-    }
+    doc! { "$and": [
+        lease_live(),
+        { "$in": [ [ "$_id", "$owner", "$token" ], { "$literal": triples } ] },
+    ] }
 }
 
-/// Release: one hold less; at zero the lock is free (owner and expiry `null`). The document,
-/// and with it the fencing counter, stays.
+/// Release (with the [`grant_of`] filter): if the grant's lease is live, one hold less, and at
+/// zero the lock is free (owner and expiry `null`); otherwise the document stays exactly as it
+/// was, a no-op write. An applied release always changes the hold count, so the update's
+/// modified count (1 or 0) says whether the grant still held the lock. The document, and with
+/// it the fencing counter, stays.
 pub(crate) fn release_pipeline() -> Vec<Document> {
     vec![
-        doc! { "$set": { COUNT: { "$subtract": ["$count", 1_i64] } } },
+        doc! { "$set": { "_dl_live": lease_live() } },
         doc! { "$set": {
-            OWNER: { "$cond": [ { "$gt": ["$count", 0_i64] }, "$owner", Bson::Null ] },
-            EXPIRES_AT: { "$cond": [ { "$gt": ["$count", 0_i64] }, "$expires_at", Bson::Null ] },
-            COUNT: { "$max": ["$count", 0_i64] },
+            "_dl_free": { "$and": [ "$_dl_live", { "$lte": ["$count", 1_i64] } ] },
+            COUNT: { "$cond": [
+                "$_dl_live",
+                { "$max": [ { "$subtract": ["$count", 1_i64] }, 0_i64 ] },
+                "$count",
+            ] },
         } },
+        doc! { "$set": {
+            OWNER: { "$cond": [ "$_dl_free", Bson::Null, "$owner" ] },
+            EXPIRES_AT: { "$cond": [ "$_dl_free", Bson::Null, "$expires_at" ] },
+        } },
+        doc! { "$unset": ["_dl_live", "_dl_free"] },
     ]
 }
 
-/// Hand-over (applied with the [`held_by`] filter of the releasing grant, so only to a lock
-/// it holds live): its last hold passes to `to` with the next token from the counter, hold
-/// count 1 and a lease of `ttl_ms` from the server's now, as a fresh grant would; a grant with
-/// several holds gives up one, as by [`release_pipeline`], and keeps the lock. Decided and
-/// written by the server in one step on the one document. `owner` is never set to `null`
+/// Hand-over (with the [`grant_of`] filter of the releasing grant): if its lease is live, its
+/// last hold passes to `to` with the next token from the counter, hold count 1 and a lease of
+/// `ttl_ms` from the server's now, as a fresh grant would; a grant with several holds gives up
+/// one, as by [`release_pipeline`], and keeps the lock. If its lease has ended, the lock is
+/// marked free, as [`free_if_expired`] marks it after a release that found its grant expired.
+/// So the document returned tells the three apart: the old grant (one hold given up), `to`
+/// with a new token (handed), or no owner (the grant no longer held). Decided and written by
+/// the server in one step on the one document. A live grant never sets `owner` to `null`
 /// here: the lock never comes free, so the change streams' filter (which passes the events
 /// that can free a lock) lets none of it through to other clients' waiters.
 pub(crate) fn hand_over_pipeline(to: &str, ttl_ms: i64) -> Vec<Document> {
-    let last = doc! { "$eq": ["$count", 1_i64] };
     vec![
-        doc! { "$set": { "_dl_last": last } },
+        doc! { "$set": { "_dl_live": lease_live() } },
         doc! { "$set": {
-            OWNER: { "$cond": [ "$_dl_last", to, "$owner" ] },
-            COUNT: { "$cond": [ "$_dl_last", 1_i64, { "$subtract": ["$count", 1_i64] } ] },
+            "_dl_last": { "$and": [ "$_dl_live", { "$eq": ["$count", 1_i64] } ] },
+            "_dl_gone": { "$not": [ "$_dl_live" ] },
+        } },
+        doc! { "$set": {
+            OWNER: { "$cond": [
+                "$_dl_last", to, { "$cond": [ "$_dl_gone", Bson::Null, "$owner" ] },
+            ] },
+            COUNT: { "$cond": [
+                "$_dl_last",
+                1_i64,
+                { "$cond": [ "$_dl_gone", 0_i64, { "$subtract": ["$count", 1_i64] } ] },
+            ] },
             TOKEN: { "$cond": [ "$_dl_last", { "$add": ["$token", 1_i64] }, "$token" ] },
-            EXPIRES_AT: { "$cond": [ "$_dl_last", lease_end(ttl_ms), "$expires_at" ] },
+            EXPIRES_AT: { "$cond": [
+                "$_dl_last",
+                lease_end(ttl_ms),
+                { "$cond": [ "$_dl_gone", Bson::Null, "$expires_at" ] },
+            ] },
             GRANTED_AT: { "$cond": [ "$_dl_last", "$$NOW", "$granted_at" ] },
         } },
-        doc! { "$unset": ["_dl_last"] },
+        doc! { "$unset": ["_dl_live", "_dl_last", "_dl_gone"] },
     ]
 }
 
-/// The filter of a tidy-up after a release that found its grant expired: the same grant,
-/// still recorded but past its lease, which nobody has taken over.
-pub(crate) fn expired_grant(name: &str, owner: &str, token: i64) -> Document {
-    doc! {
-        "_id": name,
-        OWNER: owner,
-        TOKEN: token,
-        "$expr": { "$lte": [ "$expires_at", "$$NOW" ] },
-    }
+/// The tidy-up after a release that did not apply (with the [`grant_of`] filter): if the
+/// grant is still recorded but past its lease (nobody has taken it over), the lock is marked
+/// free without touching the fencing counter; a live grant is left as it is. The document of
+/// an expired grant means the same as a free one, so clearing it changes nothing but what an
+/// operator sees.
+pub(crate) fn free_if_expired() -> Vec<Document> {
+    vec![
+        doc! { "$set": { "_dl_gone": { "$not": [ lease_live() ] } } },
+        doc! { "$set": {
+            OWNER: { "$cond": [ "$_dl_gone", Bson::Null, "$owner" ] },
+            COUNT: { "$cond": [ "$_dl_gone", 0_i64, "$count" ] },
+            EXPIRES_AT: { "$cond": [ "$_dl_gone", Bson::Null, "$expires_at" ] },
+        } },
+        doc! { "$unset": ["_dl_gone"] },
+    ]
 }
 
-/// Marks the lock free without touching the fencing counter: the document of an expired grant
-/// means the same as a free one, so clearing it changes nothing but what an operator sees.
-pub(crate) fn free() -> Document {
-    doc! { "$set": { OWNER: Bson::Null, COUNT: 0_i64, EXPIRES_AT: Bson::Null } }
-}
-
-/// Proclaim (applied with the [`held_by`] filter of the leader's grant, so only while it holds
-/// the name live by the server's clock): the value, stamped with the grant's token, replacing
-/// whatever value the name had. A plain update document, not a pipeline, so a value that starts
+/// Proclaim (with the [`grant_of`] filter of the leader's grant): if its lease is live by the
+/// server's clock, the value, stamped with the grant's token, replaces whatever value the name
+/// had; otherwise nothing changes. The text goes in as a `$literal`, so a value that starts
 /// with `$` is stored as text, never read as a field path.
-pub(crate) fn proclaim_update(token: i64, value: &str) -> Document {
-    doc! { "$set": { VALUE: { VALUE_EPOCH: token, VALUE_TEXT: value } } }
+pub(crate) fn proclaim_pipeline(token: i64, value: &str) -> Vec<Document> {
+    let stamped = doc! { VALUE_EPOCH: { "$literal": token }, VALUE_TEXT: { "$literal": value } };
+    vec![doc! { "$set": { VALUE: { "$cond": [ lease_live(), stamped, "$value" ] } } }]
 }
 
-/// Renew: the lease runs at least `ttl_ms` from the server's now, and is never shortened.
+/// Renew (with the [`grant_of`] filter): if the grant's lease is live, it runs at least
+/// `ttl_ms` from the server's now, and is never shortened; a lease that has ended by the
+/// server's clock is left as it is (a renewal never revives it).
 pub(crate) fn renew_pipeline(ttl_ms: i64) -> Vec<Document> {
-    vec![doc! { "$set": { EXPIRES_AT: at_least(lease_end(ttl_ms)) } }]
+    vec![doc! { "$set": { EXPIRES_AT: { "$cond": [
+        lease_live(),
+        at_least(lease_end(ttl_ms)),
+        "$expires_at",
+    ] } } }]
+}
+
+/// A batch renewal (with the [`named`] filter): as [`renew_pipeline`] for each document that
+/// one of `grants` holds live, nothing for the others.
+pub(crate) fn renew_batch_pipeline(grants: &[(&str, &str, i64)], ttl_ms: i64) -> Vec<Document> {
+    vec![doc! { "$set": { EXPIRES_AT: { "$cond": [
+        held_by_one_of(grants),
+        at_least(lease_end(ttl_ms)),
+        "$expires_at",
+    ] } } }]
+}
+
+/// What a batch renewal reads back after its update: each named document's holder, token and
+/// lease left by the server's clock (as inspect reads them). A grant found still recorded and
+/// live was live at the update, which therefore extended it: a lease never comes back to life
+/// under the same token.
+pub(crate) fn renewed_pipeline(grants: &[(&str, &str, i64)]) -> Vec<Document> {
+    vec![
+        doc! { "$match": named(grants) },
+        doc! { "$project": {
+            OWNER: 1,
+            TOKEN: 1,
+            REMAINING_MS: { "$dateDiff": {
+                "startDate": "$$NOW", "endDate": "$expires_at", "unit": "millisecond",
+            } },
+        } },
+    ]
 }
 
 pub(crate) use permit::*;
@@ -279,6 +346,63 @@ mod tests {
         // An upsert's filter may not use $expr (mongod rejects it): the pipeline decides.
         assert!(!by_name("x").contains_key("$expr"));
         assert_eq!(acquire_pipeline("me", 5).len(), 3);
-        assert_eq!(hand_over_pipeline("you", 5).len(), 3);
+        assert_eq!(hand_over_pipeline("you", 5).len(), 4);
+    }
+
+    /// Whether `$expr` appears anywhere in `doc`, at any depth.
+    fn has_expr(doc: &Document) -> bool {
+        fn walk(b: &Bson) -> bool {
+            match b {
+                Bson::Document(d) => d.iter().any(|(k, v)| k == "$expr" || walk(v)),
+                Bson::Array(a) => a.iter().any(walk),
+                _ => false,
+            }
+        }
+        walk(&Bson::Document(doc.clone()))
+    }
+
+    #[test]
+    fn per_lock_filters_are_equalities_the_id_index_answers() {
+        // The test server scans the whole collection for any filter with `$expr`: release,
+        // renew, hand-over and proclaim find their document by equalities with `_id` among
+        // them, and judge the lease inside the update.
+        let one = grant_of("x", "me", 7);
+        assert!(!has_expr(&one));
+        assert_eq!(one, doc! { "_id": "x", "owner": "me", "token": 7_i64 });
+        let grants = [("x", "me", 7_i64), ("y", "you", 3_i64)];
+        let batch = named(&grants);
+        assert!(!has_expr(&batch));
+        assert_eq!(batch, doc! { "_id": { "$in": ["x", "y"] } });
+        for permit in [permit_of("x", "me", 7), permit_with_token("x", 7)] {
+            assert!(!has_expr(&permit), "{permit}");
+            assert_eq!(permit.get_str("_id"), Ok("x"));
+        }
+        let read = &renewed_pipeline(&grants)[0];
+        assert_eq!(read.get_document("$match").unwrap(), &batch);
+        // The lease check is in every one of their updates, by the server's clock.
+        let live = Bson::Document(lease_live());
+        let mentions_live = |stages: &[Document]| {
+            stages
+                .iter()
+                .any(|s| format!("{s}").contains(&format!("{live}")))
+        };
+        assert!(mentions_live(&release_pipeline()));
+        assert!(mentions_live(&renew_pipeline(5)));
+        assert!(mentions_live(&renew_batch_pipeline(&grants, 5)));
+        assert!(mentions_live(&hand_over_pipeline("you", 5)));
+        assert!(mentions_live(&proclaim_pipeline(7, "v")));
+        assert!(mentions_live(&free_if_expired()));
+        let live_entry = format!(
+            "{}",
+            Bson::Document(doc! { "$gt": ["$$this.expires_at", "$$NOW"] })
+        );
+        let permit =
+            |stages: Vec<Document>| stages.iter().any(|s| format!("{s}").contains(&live_entry));
+        assert!(permit(permit_release_pipeline(7, 1, true)));
+        assert!(permit(permit_renew_pipeline(7, 5)));
+        assert!(
+            !permit(permit_release_pipeline(7, i64::MAX, false)),
+            "the tidy-up"
+        );
     }
 }

@@ -1,15 +1,14 @@
 //! The server operations behind [`MongoLock`](crate::MongoLock), each one or two commands on
 //! the lock collection within the operation timeout: acquire, release, hand-over, renew, read.
 
-use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use distlock_api::backend::wait::{Attempt, HandOver};
-use distlock_api::backend::{lost, AcquireRequest};
+use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, Result};
 use futures::TryStreamExt;
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{Bson, Document};
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
@@ -19,6 +18,9 @@ use crate::BACKEND;
 
 pub(crate) mod elect;
 pub(crate) mod permit;
+mod renew;
+
+pub(crate) use renew::{renew_grant, renew_grants, RENEW_BATCH};
 
 /// One acquire attempt for `req` (see [`AcquireJob::run`]).
 pub(crate) async fn acquire(
@@ -228,9 +230,12 @@ async fn read_state(
         .map_err(|e| e.with_lock(name))
 }
 
-/// Gives up one hold of `grant`: `true` if it still held the lock. A grant found expired (and
-/// not taken over) is cleared so the document shows the lock free; that changes nothing else,
-/// since an expired holder already counts as none.
+/// Gives up one hold of `grant`: `true` if it still held the lock. One `updateOne` of the
+/// grant's document (found by equalities the `_id` index answers) whose pipeline gives up the
+/// hold only if the lease is live by the server's clock: an applied release always changes the
+/// document, so the modified count says whether it applied. A grant found recorded but expired
+/// (not taken over) is then cleared so the document shows the lock free; that changes nothing
+/// else, since an expired holder already counts as none.
 pub(crate) async fn release_grant(
     locks: &Collection<Document>,
     timeout: Duration,
@@ -246,23 +251,27 @@ pub(crate) async fn release_grant(
         "release failed",
         locks
             .update_one(
-                commands::held_by(name, owner, token),
+                commands::grant_of(name, owner, token),
                 commands::release_pipeline(),
             )
             .into_future(),
     )
     .await
     .map_err(|e| e.error)?;
-    if done.matched_count == 1 {
+    if done.modified_count == 1 {
         return Ok(true);
     }
-    free_expired(locks, timeout, "release failed", name, owner, token).await?;
+    // Matched but unchanged: the grant is still recorded, its lease ended. Unmatched: released
+    // or taken over (a token is never issued twice), nothing to tidy.
+    if done.matched_count == 1 {
+        free_expired(locks, timeout, "release failed", name, owner, token).await?;
+    }
     Ok(false)
 }
 
 /// Frees the lock document of `name` if its grant `(owner, token)` has expired (by the
-/// server's clock) and nobody took it over: what a release or hand-over of a grant that no
-/// longer holds leaves tidy. `what` names the operation in an error.
+/// server's clock) and nobody took it over: what a release of a grant that no longer holds
+/// leaves tidy. `what` names the operation in an error.
 async fn free_expired(
     locks: &Collection<Document>,
     timeout: Duration,
@@ -276,8 +285,8 @@ async fn free_expired(
         what,
         locks
             .update_one(
-                commands::expired_grant(name, owner, token),
-                commands::free(),
+                commands::grant_of(name, owner, token),
+                commands::free_if_expired(),
             )
             .into_future(),
     )
@@ -287,10 +296,10 @@ async fn free_expired(
 }
 
 /// Hands the lock from `from` to `to` (see [`commands::hand_over_pipeline`]): one
-/// `findAndModify` of the lock document, filtered on `from` holding it live, that passes a last
-/// hold on with a fresh token or gives up one hold of several. A grant that no longer holds
-/// matches nothing; its expired grant is then tidied up as [`release_grant`] tidies it (a
-/// second request, as in a release that finds its grant gone).
+/// `findAndModify` of the grant's document (found by equalities the `_id` index answers) whose
+/// pipeline, if `from` holds it live, passes a last hold on with a fresh token or gives up one
+/// hold of several, and if `from`'s lease has ended marks the lock free (the tidy-up a release
+/// makes). The document returned says which.
 pub(crate) async fn hand_over_grant(
     locks: &Collection<Document>,
     timeout: Duration,
@@ -309,7 +318,7 @@ pub(crate) async fn hand_over_grant(
         "hand-over failed",
         locks
             .find_one_and_update(
-                commands::held_by(name, owner, token),
+                commands::grant_of(name, owner, token),
                 commands::hand_over_pipeline(&to.owner.text(), ttl_ms),
             )
             .return_document(ReturnDocument::After)
@@ -318,11 +327,13 @@ pub(crate) async fn hand_over_grant(
     )
     .await
     .map_err(|e| e.error)?;
+    // No document: released or taken over (a token is never issued twice).
     if let Some(doc) = after {
         let state = State::read(&doc)?;
-        // The token moves only when the lock was passed on.
+        // The token moves only when the lock was passed on; a grant whose lease had ended is
+        // marked free, so its owner is gone.
         if state.token == from.token.0 {
-            return Ok(HandOver::Released(true));
+            return Ok(HandOver::Released(state.owner.as_deref() == Some(owner)));
         }
         if state.owner.as_deref() != Some(&*to.owner.text()) || state.count != 1 {
             return Err(Error::new(
@@ -340,146 +351,7 @@ pub(crate) async fn hand_over_grant(
             sent_at,
         )));
     }
-    free_expired(locks, timeout, "hand-over failed", name, owner, token).await?;
     Ok(HandOver::Released(false))
-}
-
-/// Extends the lease of `grant` to `ttl` from now, if it still holds the lock: one `updateOne`
-/// filtered on the grant holding it live.
-pub(crate) async fn renew_grant(
-    locks: &Collection<Document>,
-    timeout: Duration,
-    grant: &Grant,
-    ttl: Duration,
-) -> Result<Duration> {
-    let ttl_ms = ttl_millis(ttl);
-    let not_held = || {
-        lost(
-            &grant.name,
-            "the lock is no longer held by this grant (expired, released or taken over)",
-        )
-    };
-    let Ok(token) = i64::try_from(grant.token.0) else {
-        return Err(not_held());
-    };
-    let done = bounded(
-        timeout,
-        "renew failed",
-        locks
-            .update_one(
-                commands::held_by(grant.name.as_str(), &grant.owner.text(), token),
-                commands::renew_pipeline(ttl_ms),
-            )
-            .into_future(),
-    )
-    .await
-    .map_err(|e| e.with_lock(&grant.name))?;
-    if done.matched_count == 1 {
-        Ok(Duration::from_millis(ttl_ms as u64))
-    } else {
-        Err(not_held())
-    }
-}
-
-/// Extends the lease of every lock that one of `grants` (name and token, all of `owner`)
-/// still holds live, then reads back which those are: the (name, token) pairs now renewed.
-/// Two requests for the whole batch.
-async fn renew_held(
-    locks: &Collection<Document>,
-    timeout: Duration,
-    grants: &[(&str, &str, i64)],
-    ttl_ms: i64,
-) -> Result<HashSet<(String, i64)>> {
-    let filter = commands::held_as(grants);
-    let update = locks
-        .update_many(filter.clone(), commands::renew_pipeline(ttl_ms))
-        .into_future();
-    bounded(timeout, "renew failed", update)
-        .await
-        .map_err(|e| e.error)?;
-    let read = async {
-        let cursor = locks.find(filter).projection(doc! { TOKEN: 1 }).await?;
-        cursor.try_collect::<Vec<Document>>().await
-    };
-    let docs = bounded(timeout, "renew failed", read)
-        .await
-        .map_err(|e| e.error)?;
-    Ok(docs
-        .iter()
-        .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d.get_i64(TOKEN).ok()?)))
-        .collect())
-}
-
-/// Renews `grants`, each to its own TTL: one request pair per TTL shared by several grants,
-/// the single request of [`renew_grant`] for a TTL of one grant.
-pub(crate) async fn renew_grants(
-    locks: &Collection<Document>,
-    timeout: Duration,
-    grants: &[(Grant, Duration)],
-) -> Vec<Result<Duration>> {
-    // Grants renewed for one TTL share a request pair; in practice that is every grant of
-    // the client (each has an owner id of its own, which the filter checks per grant).
-    let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
-    for (i, (_, ttl)) in grants.iter().enumerate() {
-        let key = ttl_millis(*ttl);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((key, vec![i])),
-        }
-    }
-    let mut results: Vec<Option<Result<Duration>>> = grants.iter().map(|_| None).collect();
-    for (ttl_ms, members) in groups {
-        if let [i] = members[..] {
-            // One request instead of two.
-            results[i] = Some(renew_grant(locks, timeout, &grants[i].0, grants[i].1).await);
-            continue;
-        }
-        // A token beyond i64 was never issued: such a grant matches nothing, and is lost.
-        let owners: Vec<String> = members
-            .iter()
-            .map(|&i| grants[i].0.owner.to_string())
-            .collect();
-        let asked: Vec<(&str, &str, i64)> = members
-            .iter()
-            .zip(&owners)
-            .filter_map(|(&i, owner)| {
-                let grant = &grants[i].0;
-                Some((
-                    grant.name.as_str(),
-                    owner.as_str(),
-                    i64::try_from(grant.token.0).ok()?,
-                ))
-            })
-            .collect();
-        match renew_held(locks, timeout, &asked, ttl_ms).await {
-            Ok(held) => {
-                for &i in &members {
-                    let grant = &grants[i].0;
-                    let renewed = i64::try_from(grant.token.0)
-                        .is_ok_and(|t| held.contains(&(grant.name.as_str().to_owned(), t)));
-                    results[i] = Some(if renewed {
-                        Ok(Duration::from_millis(ttl_ms as u64))
-                    } else {
-                        Err(lost(
-                            &grant.name,
-                            "the lock is no longer held by this grant (expired, released \
-                             or taken over)",
-                        ))
-                    });
-                }
-            }
-            Err(e) => {
-                for &i in &members {
-                    let e = Error::new(e.kind(), e.to_string()).with_lock(&grants[i].0.name);
-                    results[i] = Some(Err(e));
-                }
-            }
-        }
-    }
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Backend, "no renewal result"))))
-        .collect()
 }
 
 /// The lock `name` as an operator sees it, `None` unless it is held.
@@ -529,16 +401,10 @@ pub(crate) async fn list(
     Ok(held)
 }
 
-/// How many grants one batch renewal confirms: two requests for up to this many locks. The
-/// names go in one `$in` list (at most 255 bytes each, so a request stays far below MongoDB's
-/// 16 MiB document limit). Large, because a request's cost on the test server is mostly fixed:
-/// with 10,000 lock documents it confirmed 3.6k locks a second in batches of 64, 11k in batches
-/// of 256 and 23k in batches of 1,024.
-pub(crate) const RENEW_BATCH: usize = 512;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mongodb::bson::doc;
 
     #[test]
     fn ttl_is_whole_milliseconds_rounded_up() {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_mongo::mongodb::bson::{doc, DateTime};
+use distlock_mongo::mongodb::bson::{doc, Bson, DateTime};
 use distlock_mongo::{
     fields, DistributedLock, ErrorKind, LockExt, LockGuard, LockOptions, MongoConfig, MongoLock,
     OwnerId,
@@ -167,4 +167,94 @@ async fn renewal_to_a_shorter_lease_keeps_the_stored_expiry() {
 
     assert!(x.release().await.unwrap());
     assert!(y.release().await.unwrap());
+}
+
+/// A grant whose lease ran out by the server's clock, still recorded (nobody took the name
+/// over), matches the equality filters of renew and release: the update's pipeline, not the
+/// filter, must refuse it. Its renewals, alone and in a batch with a live lock, fail as lost
+/// and leave the stored lease exactly as it was (a renewal never revives a lease); its release
+/// reports `false` and only then tidies the document to free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_grant_still_recorded_is_neither_renewed_nor_released() {
+    let owner = unique("expired");
+    let a = client(&owner).await;
+    let (name, other) = (format!("{owner}-x"), format!("{owner}-y"));
+    let gone = take(&a, &name, Duration::from_millis(200)).await;
+    let kept = take(&a, &other, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let expired = stored(&a, &name).await;
+    assert_eq!(expired.0 as u64, gone.token().0, "nobody took it over");
+    assert!(
+        a.holder(&name).await.unwrap().is_none(),
+        "expired by the server"
+    );
+
+    let long = Duration::from_secs(60);
+    assert_lost(
+        "renewal of the expired grant",
+        &a.renew(gone.grant(), long).await,
+    );
+    assert_eq!(
+        stored(&a, &name).await,
+        expired,
+        "the renewal revived the lease"
+    );
+    let results = a
+        .renew_many(&[(gone.grant().clone(), long), (kept.grant().clone(), long)])
+        .await;
+    assert_lost("batch renewal of the expired grant", &results[0]);
+    assert_eq!(results[1].as_ref().ok(), Some(&long), "{:?}", results[1]);
+    assert_eq!(
+        stored(&a, &name).await,
+        expired,
+        "the batch revived the lease"
+    );
+    assert!(a.holder(&name).await.unwrap().is_none());
+
+    let token = gone.token().0;
+    assert!(!gone.release().await.unwrap(), "released an expired grant");
+    let doc = a
+        .collection()
+        .find_one(doc! { "_id": &name })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(doc.get(fields::OWNER), Some(&Bson::Null), "tidied: {doc}");
+    assert_eq!(doc.get_i64(fields::TOKEN).unwrap() as u64, token);
+    assert!(kept.release().await.unwrap());
+}
+
+/// A release by a stale token (the same owner's earlier grant of the name) finds the newer
+/// grant's document by its equality filter on `_id` and owner but not the token: it neither
+/// gives up the newer grant's hold nor tidies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_tokens_release_leaves_the_same_owners_newer_grant_held() {
+    let owner = unique("stale");
+    let a = client(&owner).await;
+    let name = format!("{owner}-x");
+    let me = OwnerId::new("stale-owner").unwrap();
+    let as_me = |ttl| LockOptions::new().owner(me.clone()).ttl(ttl);
+    let old = a
+        .try_lock_with(&name, &as_me(Duration::from_millis(200)))
+        .await
+        .unwrap()
+        .expect("free");
+    let stale = old.grant().clone();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let newer = a
+        .try_lock_with(&name, &as_me(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("free after the old lease ran out");
+    let before = stored(&a, &name).await;
+    assert!(
+        !a.release(&stale).await.unwrap(),
+        "the stale token released"
+    );
+    assert_eq!(stored(&a, &name).await, before);
+    let info = a.holder(&name).await.unwrap().expect("still held");
+    assert_eq!((info.token, info.hold_count), (newer.token(), 1));
+    assert!(!newer.is_lost());
+    assert!(newer.release().await.unwrap());
+    drop(old);
 }

@@ -121,58 +121,43 @@ pub(crate) fn permit_projection() -> Document {
     doc! { OWNER: 1, MAX: 1, PERMITS: 1 }
 }
 
-/// The filter of a permit's release and renew: the permit `(owner, token)` of `name` is held
-/// live. `$expr` is allowed: these updates never upsert.
-pub(crate) fn permit_held_by(name: &str, owner: &str, token: i64) -> Document {
-    permit_where(name, owner, token, "$gt")
+/// The filter of a permit's release, renew and tidy-up: `name`'s document while it records
+/// the permit `(owner, token)`, live or not. Equalities only (`$elemMatch` of two equalities
+/// beside `_id`), which every server answers from the `_id` index; an `$expr` (as this filter
+/// had, to find the permit live) makes the test server scan the whole collection. Whether the
+/// permit is live is judged inside the update, by the same `$$NOW`.
+pub(crate) fn permit_of(name: &str, owner: &str, token: i64) -> Document {
+    doc! { "_id": name, PERMITS: { "$elemMatch": { OWNER: owner, TOKEN: token } } }
 }
 
-/// The filter of the tidy-up after a permit's release found it expired: still recorded, past
-/// its lease.
-pub(crate) fn permit_expired(name: &str, owner: &str, token: i64) -> Document {
-    permit_where(name, owner, token, "$lte")
-}
-
-/// `name`'s document, if it has the permit `(owner, token)` whose expiry compares with `$$NOW`
-/// by `cmp`.
-fn permit_where(name: &str, owner: &str, token: i64, cmp: &str) -> Document {
-    let cond = doc! { "$and": [
-        { "$eq": ["$$this.owner", owner] },
-        is_token(token),
-        { cmp: ["$$this.expires_at", "$$NOW"] },
-    ] };
-    doc! {
-        "_id": name,
-        "$expr": { "$gt": [
-            { "$size": { "$filter": { "input": { "$ifNull": ["$permits", []] }, "cond": cond } } },
-            0,
-        ] },
-    }
-}
-
-/// The filter of an operator's force-release: `name` has a live permit with `token`.
+/// The filter of an operator's force-release: `name`'s document while it records a permit with
+/// `token` (a name's tokens are never issued twice), live or not.
 pub(crate) fn permit_with_token(name: &str, token: i64) -> Document {
-    let cond = doc! { "$and": [is_token(token), { "$gt": ["$$this.expires_at", "$$NOW"] }] };
-    doc! {
-        "_id": name,
-        "$expr": { "$gt": [
-            { "$size": { "$filter": { "input": { "$ifNull": ["$permits", []] }, "cond": cond } } },
-            0,
-        ] },
+    doc! { "_id": name, format!("{PERMITS}.{TOKEN}"): token }
+}
+
+/// Whether `$$this`, a permit entry, is live by the server's clock (`live`) or past its lease.
+fn entry_live(live: bool) -> Document {
+    if live {
+        doc! { "$gt": ["$$this.expires_at", "$$NOW"] }
+    } else {
+        doc! { "$lte": ["$$this.expires_at", "$$NOW"] }
     }
 }
 
-/// Gives up `holds` holds (at most `i64::MAX`: all of them) of the permit with `token`; a
-/// permit left with none is removed, and `freed` bumped so that the change streams wake the
-/// name's waiters.
-pub(crate) fn permit_release_pipeline(token: i64, holds: i64) -> Vec<Document> {
+/// Gives up `holds` holds (at most `i64::MAX`: all of them) of the permit with `token`, if it
+/// is live (`live`; else if it is past its lease, the tidy-up after a release that found it
+/// so); a permit left with none is removed, and `freed` bumped so that the change streams wake
+/// the name's waiters. A permit in the other state is left as it is, a no-op write: an applied
+/// release always changes the document, so the modified count says whether it applied.
+pub(crate) fn permit_release_pipeline(token: i64, holds: i64, live: bool) -> Vec<Document> {
     let less = entry_with(doc! { COUNT: { "$subtract": ["$$this.count", holds] } });
     vec![
         doc! { "$set": {
             "_dl_n": { "$size": "$permits" },
             PERMITS: { "$filter": {
                 "input": { "$map": { "input": "$permits", "in": {
-                    "$cond": [is_token(token), less, "$$this"],
+                    "$cond": [{ "$and": [is_token(token), entry_live(live)] }, less, "$$this"],
                 } } },
                 "cond": { "$gt": ["$$this.count", 0_i64] },
             } },
@@ -186,14 +171,15 @@ pub(crate) fn permit_release_pipeline(token: i64, holds: i64) -> Vec<Document> {
     ]
 }
 
-/// Renews the permit with `token`: its lease runs at least `ttl_ms` from the server's now.
+/// Renews the permit with `token`, if it is live: its lease runs at least `ttl_ms` from the
+/// server's now (never shortened); a permit past its lease is left as it is.
 pub(crate) fn permit_renew_pipeline(token: i64, ttl_ms: i64) -> Vec<Document> {
     let longer = entry_with(doc! {
         EXPIRES_AT: later_of(lease_end(ttl_ms), "$$this.expires_at"),
     });
     vec![
         doc! { "$set": { PERMITS: { "$map": { "input": "$permits", "in": {
-            "$cond": [is_token(token), longer, "$$this"],
+            "$cond": [{ "$and": [is_token(token), entry_live(true)] }, longer, "$$this"],
         } } } } },
     ]
 }

@@ -1,8 +1,9 @@
 //! Elections: the leader's value, proclaimed under its grant and read back by inspect.
 //!
 //! The value lives in the lock document as `{ epoch, text }` (see [`commands::VALUE`]). A
-//! proclaim is one `updateOne` with the filter of release and renew (the grant's owner and
-//! token, its lease live by `$$NOW`), so a deposed leader's proclaim matches nothing. Nothing
+//! proclaim is one `updateOne` with the filter of release and renew (the grant's `_id`, owner
+//! and token) whose pipeline writes the value only while the lease is live by `$$NOW`, so a
+//! deposed leader's proclaim writes nothing. Nothing
 //! on the lock's own path reads or clears the value: a later grant of the name bumps the
 //! token, and a value stamped with an older token is not reported.
 
@@ -13,6 +14,7 @@ use distlock_api::{Grant, Result};
 use mongodb::bson::{Bson, Document};
 use mongodb::Collection;
 
+use super::read_state;
 use crate::commands::{self, VALUE, VALUE_EPOCH, VALUE_TEXT};
 use crate::error::bounded;
 
@@ -32,19 +34,32 @@ pub(crate) async fn proclaim(
     if grant.permits > 1 {
         return Ok(false);
     }
+    let owner = grant.owner.text();
     let done = bounded(
         timeout,
         "proclaim failed",
         locks
             .update_one(
-                commands::held_by(grant.name.as_str(), &grant.owner.text(), token),
-                commands::proclaim_update(token, value),
+                commands::grant_of(grant.name.as_str(), &owner, token),
+                commands::proclaim_pipeline(token, value),
             )
             .into_future(),
     )
     .await
     .map_err(|e| e.with_lock(&grant.name))?;
-    Ok(done.matched_count == 1)
+    if done.modified_count == 1 {
+        return Ok(true);
+    }
+    if done.matched_count == 0 {
+        return Ok(false);
+    }
+    // Matched without a change: the lease had ended (nothing written), or the same value was
+    // already there under this epoch (written). Live now means live at the update: a lease
+    // never comes back to life under the same token.
+    let state = read_state(locks, timeout, &grant.name, false).await?;
+    Ok(state.is_some_and(|s| {
+        s.is_held() && s.owner.as_deref() == Some(&*owner) && s.token == grant.token.0
+    }))
 }
 
 /// The value `doc` holds for the grant of `token`: `None` if there is none, or if an earlier

@@ -162,14 +162,22 @@ fn stored_token(grant: &Grant) -> Option<i64> {
     i64::try_from(grant.token.0).ok()
 }
 
-/// One `updateOne` of `name`'s document filtered by `filter`: whether it matched.
+/// What one `updateOne` did.
+struct Done {
+    /// The filter found the document.
+    matched: bool,
+    /// The pipeline changed it: the permit's update applied.
+    modified: bool,
+}
+
+/// One `updateOne` of `name`'s document filtered by `filter`.
 async fn update(
     locks: &Collection<Document>,
     timeout: Duration,
     what: &'static str,
     filter: Document,
     pipeline: Vec<Document>,
-) -> Result<bool> {
+) -> Result<Done> {
     let done = bounded(
         timeout,
         what,
@@ -177,7 +185,10 @@ async fn update(
     )
     .await
     .map_err(|e| e.error)?;
-    Ok(done.matched_count == 1)
+    Ok(Done {
+        matched: done.matched_count == 1,
+        modified: done.modified_count == 1,
+    })
 }
 
 /// Gives up one hold of the permit `grant`: `true` if it was still held live. A permit found
@@ -193,21 +204,17 @@ pub(crate) async fn release(
     };
     let (name, owner) = (grant.name.as_str(), grant.owner.text());
     let what = "releasing a permit failed";
-    let held = commands::permit_held_by(name, &owner, token);
-    if update(
-        locks,
-        timeout,
-        what,
-        held,
-        commands::permit_release_pipeline(token, 1),
-    )
-    .await?
-    {
+    let filter = commands::permit_of(name, &owner, token);
+    let one = commands::permit_release_pipeline(token, 1, true);
+    let done = update(locks, timeout, what, filter.clone(), one).await?;
+    if done.modified {
         return Ok(true);
     }
-    let expired = commands::permit_expired(name, &owner, token);
-    let all = commands::permit_release_pipeline(token, i64::MAX);
-    update(locks, timeout, what, expired, all).await?;
+    // Still recorded, unchanged: past its lease. Not recorded: released or removed.
+    if done.matched {
+        let all = commands::permit_release_pipeline(token, i64::MAX, false);
+        update(locks, timeout, what, filter, all).await?;
+    }
     Ok(false)
 }
 
@@ -229,16 +236,29 @@ pub(crate) async fn renew(
     let Some(token) = stored_token(grant) else {
         return Err(not_held());
     };
-    let held = commands::permit_held_by(grant.name.as_str(), &grant.owner.text(), token);
-    let renewed = update(
+    let owner = grant.owner.text();
+    let done = update(
         locks,
         timeout,
         "renewing a permit failed",
-        held,
+        commands::permit_of(grant.name.as_str(), &owner, token),
         commands::permit_renew_pipeline(token, ttl_ms),
     )
     .await
     .map_err(|e| e.with_lock(&grant.name))?;
+    // Matched without a change: past its lease (not renewed), or live with a lease already
+    // running past `ttl` from now (renewed: never shortened). Live now means live at the
+    // update, which one read of the permits by the server's clock tells.
+    let renewed = done.modified
+        || (done.matched
+            && read_state(locks, timeout, &grant.name, false)
+                .await?
+                .and_then(|s| s.semaphore)
+                .is_some_and(|s| {
+                    s.live
+                        .iter()
+                        .any(|p| p.owner.as_deref() == Some(&*owner) && p.token == grant.token.0)
+                }));
     if renewed {
         Ok(Duration::from_millis(ttl_ms as u64))
     } else {
@@ -290,15 +310,17 @@ pub(crate) async fn force_release(
     let Ok(token) = i64::try_from(token.0) else {
         return Ok(false);
     };
-    update(
+    let done = update(
         locks,
         timeout,
         "force-releasing a permit failed",
         commands::permit_with_token(name.as_str(), token),
-        commands::permit_release_pipeline(token, i64::MAX),
+        commands::permit_release_pipeline(token, i64::MAX, true),
     )
     .await
-    .map_err(|e| e.with_lock(name))
+    .map_err(|e| e.with_lock(name))?;
+    // Removing a live permit always changes the document.
+    Ok(done.modified)
 }
 
 /// `owner`'s own live permit of `name`, as a grant (with its hold count and the semaphore's
