@@ -68,6 +68,26 @@ pub(crate) fn backends() -> Vec<Backend> {
                 capabilities: distlock_postgres::ADVISORY_CAPABILITIES,
             }),
         },
+        // Redis through Sentinel, on a private master, 2 replicas and 3 sentinels the run
+        // starts (the sentinel-failover rows); with and without waiting for a replica.
+        Backend {
+            descriptor: &distlock_redis::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
+            mode: Some(Mode {
+                key: "redis-sentinel",
+                options: "",
+                capabilities: distlock_redis::DESCRIPTOR.capabilities,
+            }),
+        },
+        Backend {
+            descriptor: &distlock_redis::DESCRIPTOR,
+            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
+            mode: Some(Mode {
+                key: "redis-sentinel-sync",
+                options: "sync_replicas=1",
+                capabilities: distlock_redis::DESCRIPTOR.capabilities,
+            }),
+        },
         Backend {
             descriptor: &distlock_mongo::DESCRIPTOR,
             admin: Some(|url| Box::pin(distlock_mongo::testing::admin(url))),
@@ -113,6 +133,11 @@ impl Backend {
         self.capabilities().ttl.kind == LeaseKind::PerLock
     }
 
+    /// Whether it is Redis through Sentinel (a private topology only).
+    pub(crate) fn sentinel(&self) -> bool {
+        self.key().starts_with("redis-sentinel")
+    }
+
     /// The shared server's URL (the descriptor's test URL).
     pub(crate) fn shared_url(&self) -> String {
         self.descriptor.test_url()
@@ -120,9 +145,14 @@ impl Backend {
 
     /// The lease the campaign's locks get: short, so that runs are short. Session backends
     /// take theirs from the URL; etcd's leases count in whole seconds and ZooKeeper's session
-    /// must outlast a few of the shared server's 200 ms ticks, so both get 2 s.
+    /// must outlast a few of the shared server's 200 ms ticks, so both get 2 s. Through
+    /// Sentinel, 3 s: longer than a failover (1 s down-after period, then the election and
+    /// the promotion), so that a grant a promoted replica missed is still believed when the
+    /// new master hands the name out again (the hazard `sync_replicas` closes).
     pub(crate) fn ttl(&self) -> Duration {
-        if self.per_lock() {
+        if self.sentinel() {
+            Duration::from_millis(3000)
+        } else if self.per_lock() {
             Duration::from_millis(1000)
         } else {
             Duration::from_millis(2000)
@@ -135,7 +165,7 @@ impl Backend {
         match (self.key(), self.mode) {
             ("zk", _) => format!("{url}{sep}session_timeout_ms={}", self.ttl().as_millis()),
             ("etcd", _) => format!("{url}{sep}lease_ttl_ms={}", self.ttl().as_millis()),
-            (_, Some(mode)) => format!("{url}{sep}{}", mode.options),
+            (_, Some(mode)) if !mode.options.is_empty() => format!("{url}{sep}{}", mode.options),
             _ => url.to_string(),
         }
     }
@@ -173,6 +203,13 @@ pub(crate) enum Scenario {
     /// RedLock over 5 private masters without persistence: 2 killed (-9) and restarted empty
     /// once the lease has passed (the delayed restart RedLock needs without persistence).
     MastersRestartVolatile,
+    /// Redis through Sentinel (private master, 2 replicas, 3 sentinels): the master killed
+    /// (-9) while clients hold and contend; a replica promoted; the old master restarted.
+    SentinelFailover,
+    /// As [`SentinelFailover`](Self::SentinelFailover), but both replicas first miss the
+    /// master's last writes (nftables drops replication for 500 ms while clients take locks)
+    /// and the master is killed at the end of it: the promoted replica lacks the last grants.
+    SentinelFailoverLagging,
 }
 
 /// Every scenario, in report order.
@@ -200,6 +237,8 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::MastersDown(3),
     Scenario::MastersRestart,
     Scenario::MastersRestartVolatile,
+    Scenario::SentinelFailover,
+    Scenario::SentinelFailoverLagging,
 ];
 
 impl Scenario {
@@ -229,6 +268,8 @@ impl Scenario {
             Scenario::MastersDown(_) => "masters-down-3",
             Scenario::MastersRestart => "masters-restart",
             Scenario::MastersRestartVolatile => "masters-restart-volatile",
+            Scenario::SentinelFailover => "sentinel-failover",
+            Scenario::SentinelFailoverLagging => "sentinel-failover-lagging",
         }
     }
 
@@ -305,6 +346,16 @@ impl Scenario {
                  empty once the lease has passed (the delayed restart RedLock needs without \
                  persistence)"
             }
+            Scenario::SentinelFailover => {
+                "Redis through Sentinel (private master, 2 replicas, 3 sentinels in namespaces): \
+                 the master killed (-9) while clients hold and contend, a replica promoted, the \
+                 old master restarted (Sentinel makes it a replica)"
+            }
+            Scenario::SentinelFailoverLagging => {
+                "as sentinel-failover, but the replicas drop the master's traffic (nftables) for \
+                 500 ms while clients take locks, and the master is killed at its end: the \
+                 promoted replica lacks the last grants (healed once a replica is promoted)"
+            }
         }
     }
 
@@ -321,7 +372,7 @@ impl Scenario {
             Scenario::MastersDown(_)
             | Scenario::MastersRestart
             | Scenario::MastersRestartVolatile => 5,
-            s if s.clustered() => 3,
+            s if s.clustered() || s.sentinel() => 3,
             _ => 0,
         }
     }
@@ -340,6 +391,8 @@ impl Scenario {
             | Scenario::LeaderCut
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
+            // Of 3 s leases: the failover, then clients on the new master.
+            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => 2,
             _ => 3,
         }
     }
@@ -376,6 +429,14 @@ impl Scenario {
         )
     }
 
+    /// Whether it fails over a private Sentinel topology.
+    pub(crate) fn sentinel(self) -> bool {
+        matches!(
+            self,
+            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging
+        )
+    }
+
     /// Whether it runs on `backend`, or why not.
     pub(crate) fn applies(self, backend: &Backend) -> Result<(), &'static str> {
         let key = backend.key();
@@ -385,7 +446,20 @@ impl Scenario {
                         (the conformance suite covers it in one process)",
             );
         }
+        if backend.sentinel() != self.sentinel() {
+            return Err(if backend.sentinel() {
+                "Redis through Sentinel runs on a private topology, in the sentinel-failover \
+                 rows (the single-server faults are the redis rows)"
+            } else {
+                "Redis through Sentinel only"
+            });
+        }
         match self {
+            Scenario::SentinelFailoverLagging if key == "redis-sentinel" => Err(
+                "the negative control: without sync_replicas the promoted replica hands the \
+                 missed grants out again (the documented hazard); the known-defects gate shows \
+                 the checker flags it (defect sentinel-lagging-without-sync)",
+            ),
             Scenario::LeaseShrink if !backend.per_lock() => Err(
                 "grants share the session's lease: there is no per-lock TTL to extend \
                  (extend is Unsupported)",

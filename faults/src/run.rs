@@ -89,14 +89,9 @@ async fn run_inner(
     dir: &Path,
 ) -> Result<RunResult, String> {
     let ttl = backend.ttl();
-    let members = scenario.members();
-    let mut server = if members > 0 {
+    let mut server = if scenario.members() > 0 {
         let kind = Kind::of(backend.server_key()).ok_or("no server kind for this backend")?;
-        let volatile = matches!(
-            scenario,
-            Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
-        );
-        Some(Deployment::start(kind, members, volatile).await?)
+        Some(Deployment::start_for(kind, scenario).await?)
     } else {
         None
     };
@@ -465,6 +460,11 @@ async fn run_inner(
                 }
             }
             note(format!("SIGCONT {k} masters"), None, true, None);
+        }
+        Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => {
+            let d = server.as_mut().ok_or("no private Sentinel topology")?;
+            let lagging = scenario == Scenario::SentinelFailoverLagging;
+            undo_error = d.failover(lagging, &note).await?;
         }
         Scenario::MastersRestart | Scenario::MastersRestartVolatile => {
             let d = server.as_mut().ok_or("no private masters")?;

@@ -22,6 +22,7 @@ mod launch;
 mod nemesis;
 mod net;
 mod probe;
+mod sentinel;
 mod sweep;
 
 use std::net::SocketAddr;
@@ -93,6 +94,8 @@ pub(crate) struct Deployment {
     dir: PathBuf,
     /// Redis only: no append-only file, so a restart starts empty.
     volatile: bool,
+    /// Redis through Sentinel: a sentinel in each member's namespace (see `sentinel.rs`).
+    sentinels: Vec<Child>,
 }
 
 impl Deployment {
@@ -124,6 +127,7 @@ impl Deployment {
             members: Vec::new(),
             dir,
             volatile,
+            sentinels: Vec::new(),
         };
         ip(&[
             "addr",
@@ -211,6 +215,7 @@ impl Deployment {
         let hosts: Vec<String> = which.iter().map(|&i| self.addr(i).to_string()).collect();
         let hosts = hosts.join(",");
         match self.kind {
+            Kind::Redis if !self.sentinels.is_empty() => self.sentinel_url(),
             Kind::Redis if self.members.len() > 1 => format!("redlock://{hosts}"),
             Kind::Redis => format!("redis://{hosts}"),
             Kind::Etcd => format!("etcd://{hosts}"),
@@ -224,6 +229,10 @@ impl Deployment {
 
 impl Drop for Deployment {
     fn drop(&mut self) {
+        for c in &mut self.sentinels {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         for i in 0..self.members.len() {
             let _ = self.resume(i);
             self.kill(i);
