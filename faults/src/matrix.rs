@@ -207,7 +207,7 @@ pub(crate) enum Scenario {
     /// (-9) while clients hold and contend; a replica promoted; the old master restarted.
     SentinelFailover,
     /// As [`SentinelFailover`](Self::SentinelFailover), but both replicas first miss the
-    /// master's last writes (nftables drops replication for 500 ms while clients take locks)
+    /// master's last writes (nftables drops replication for 1 s while clients take locks)
     /// and the master is killed at the end of it: the promoted replica lacks the last grants.
     SentinelFailoverLagging,
 }
@@ -353,7 +353,7 @@ impl Scenario {
             }
             Scenario::SentinelFailoverLagging => {
                 "as sentinel-failover, but the replicas drop the master's traffic (nftables) for \
-                 500 ms while clients take locks, and the master is killed at its end: the \
+                 1 s while clients take locks, and the master is killed at its end: the \
                  promoted replica lacks the last grants (healed once a replica is promoted)"
             }
         }

@@ -17,7 +17,11 @@ const SENTINEL_PORT: u16 = 26379;
 /// How long the replicas drop the master's traffic before it is killed (lagging): short
 /// beside Sentinel's bound on a replica's link-down time (ten down-after periods), so the
 /// lagging replicas stay eligible.
-const LAG: Duration = Duration::from_millis(500);
+const LAG: Duration = Duration::from_millis(1000);
+/// Sentinel's down-after period: short, so that a failover (this, then the vote and the
+/// promotion: about 1.5 to 2.5 s) ends within the campaign's 3 s lease of a grant the master
+/// made just before it died.
+const DOWN_AFTER_MS: u64 = 500;
 
 /// What the nemesis notes: what, a killed client, whether it ends a fault, a deleted name.
 pub(crate) type Note<'a> = &'a dyn Fn(String, Option<u32>, bool, Option<String>);
@@ -70,7 +74,7 @@ impl Deployment {
                 format!(
                     "port {SENTINEL_PORT}\nbind {ip}\nprotected-mode no\ndir {dir}\n\
                      sentinel monitor {MASTER_NAME} {master} 6379 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
                      sentinel failover-timeout {MASTER_NAME} 5000\n",
                     ip = m.ip,
                     dir = m.dir.display(),
@@ -157,6 +161,7 @@ impl Deployment {
         }
         self.kill(0);
         note("SIGKILL master (member 0)".into(), None, false, None);
+        let killed = Instant::now();
         // Asked of member 1's sentinel, which the replication cut leaves among the majority.
         let deadline = Instant::now() + Duration::from_secs(30);
         let promoted = loop {
@@ -186,7 +191,8 @@ impl Deployment {
         let promoted = promoted?;
         note(
             format!(
-                "sentinels promoted {promoted}{}",
+                "sentinels promoted {promoted} {} ms after the kill{}",
+                killed.elapsed().as_millis(),
                 if lagging { "; replication healed" } else { "" }
             ),
             None,
