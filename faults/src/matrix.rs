@@ -489,3 +489,42 @@ impl Scenario {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(key: &str) -> Backend {
+        backends()
+            .into_iter()
+            .find(|b| b.key() == key)
+            .expect("a backend")
+    }
+
+    #[test]
+    fn sentinel_backends_run_only_the_sentinel_rows_and_the_lagging_one_only_with_sync() {
+        let plain = backend("redis-sentinel");
+        let sync = backend("redis-sentinel-sync");
+        for &s in SCENARIOS {
+            assert_eq!(
+                s.applies(&plain).is_ok(),
+                s == Scenario::SentinelFailover,
+                "{s:?}"
+            );
+            assert_eq!(s.applies(&sync).is_ok(), s.sentinel(), "{s:?}");
+        }
+        assert!(Scenario::SentinelFailover
+            .applies(&backend("redis"))
+            .is_err());
+        assert_eq!(
+            sync.with_session("redis+sentinel://h:26379/m"),
+            "redis+sentinel://h:26379/m?sync_replicas=1"
+        );
+        assert_eq!(
+            plain.with_session("redis+sentinel://h:26379/m"),
+            "redis+sentinel://h:26379/m"
+        );
+        assert_eq!(sync.ttl(), Duration::from_secs(3));
+        assert_eq!(Scenario::SentinelFailoverLagging.members(), 3);
+    }
+}
