@@ -56,6 +56,15 @@ pub(super) async fn backend(target: &dyn Target, plan: &Plan, row: &mut Failover
             Some("in-process: there is no leader process to kill, nor a lease to expire".into());
         return;
     }
+    if target.kind().is_redis_topology() {
+        row.who.skipped = Some(
+            "the Redis row's: a killed leader process is followed on a Sentinel or Cluster \
+             topology by the same lease expiry and the same scripts (a failed-over server is \
+             the fault cells' subject, not this section's)"
+                .into(),
+        );
+        return;
+    }
     let (mut failover, mut elected) = (Recorder::new(), Recorder::new());
     for sample in 0..plan.failover_samples {
         match bounded(failover_bound(plan), once(target, plan.lease)).await {

@@ -9,6 +9,7 @@ mod mysql;
 mod postgres;
 mod private;
 mod redis;
+mod topology;
 mod zk;
 
 use std::time::Duration;
@@ -55,6 +56,11 @@ impl Kind {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 format!("{url}{sep}mode=advisory")
             }
+            Some(_) if self.sync_replicas() > 0 => {
+                let url = self.descriptor().test_url();
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}sync_replicas={}", self.sync_replicas())
+            }
             Some(_) => self.descriptor().test_url(),
             None => "in-process".into(),
         }
@@ -64,7 +70,12 @@ impl Kind {
     pub(crate) fn how_to_start(self) -> String {
         let service = match self {
             Kind::Memory => return "nothing to start: the backend is in-process".into(),
-            Kind::Redis | Kind::Redlock => "redis",
+            Kind::Redis
+            | Kind::RedisSentinel
+            | Kind::RedisSentinelSync
+            | Kind::RedisCluster
+            | Kind::RedisClusterSync
+            | Kind::Redlock => "redis",
             Kind::Mysql => "mariadb",
             Kind::Postgres | Kind::PostgresAdvisory => "postgres",
             Kind::Mongo => "mongo",
@@ -154,6 +165,10 @@ pub(crate) async fn open(kind: Kind) -> Res<Box<dyn Target>> {
         Ok::<Box<dyn Target>, crate::error::BoxError>(match kind {
             Kind::Memory => Box::new(memory::MemoryTarget::new()),
             Kind::Redis => Box::new(redis::RedisTarget::open(&url).await?),
+            Kind::RedisSentinel
+            | Kind::RedisSentinelSync
+            | Kind::RedisCluster
+            | Kind::RedisClusterSync => Box::new(topology::TopologyTarget::open(kind, &url).await?),
             Kind::Redlock => Box::new(redis::RedlockTarget::open(&url).await?),
             Kind::Mysql => Box::new(mysql::MysqlTarget::open(&url).await?),
             Kind::Postgres | Kind::PostgresAdvisory => {

@@ -22,10 +22,10 @@ const RELEASE_LUA: &str = include_str!("../../../../backend-redis/src/release.lu
 const FENCE_LUA: &str = include_str!("../../../../backend-redis/src/fence.lua");
 
 /// The floor's lease: long enough that nothing expires mid-cycle.
-const FLOOR_TTL_MS: u64 = 30_000;
+pub(super) const FLOOR_TTL_MS: u64 = 30_000;
 
 /// Bounds the availability probe: an unreachable server must not stall the run.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub(crate) struct RedisTarget {
     config: RedisConfig,
@@ -158,7 +158,7 @@ impl Target for RedlockTarget {
 }
 
 /// The `redis` driver rejects distlock's own query options; the floor needs none of them.
-fn driver_url(url: &str) -> String {
+pub(super) fn driver_url(url: &str) -> String {
     let url = url.trim();
     url.split('?').next().unwrap_or(url).to_string()
 }
@@ -182,13 +182,13 @@ pub(crate) fn redlock_urls(urls: &str) -> Vec<String> {
 }
 
 /// The server's count of commands processed (`INFO stats`), less the `INFO` asking for it.
-async fn commands_processed(url: &str) -> Res<u64> {
+pub(super) async fn commands_processed(url: &str) -> Res<u64> {
     let n = info_field(url, "stats", "total_commands_processed").await?;
     Ok(n.parse::<u64>()?.saturating_sub(1))
 }
 
 /// The value of `field` in the server's `INFO section`.
-async fn info_field(url: &str, section: &str, field: &str) -> Res<String> {
+pub(super) async fn info_field(url: &str, section: &str, field: &str) -> Res<String> {
     let mut conn = connect_raw(url).await?;
     let info: String = redis::cmd("INFO")
         .arg(section)
@@ -201,7 +201,7 @@ async fn info_field(url: &str, section: &str, field: &str) -> Res<String> {
     Ok(value.trim().to_string())
 }
 
-async fn connect_raw(url: &str) -> Res<ConnectionManager> {
+pub(super) async fn connect_raw(url: &str) -> Res<ConnectionManager> {
     let client = redis::Client::open(url)?;
     let connecting = ConnectionManager::new(client);
     Ok(tokio::time::timeout(CONNECT_TIMEOUT, connecting)
@@ -209,7 +209,7 @@ async fn connect_raw(url: &str) -> Res<ConnectionManager> {
         .map_err(|_| format!("no connection to {url} within {CONNECT_TIMEOUT:?}"))??)
 }
 
-async fn server_version(url: &str) -> Res<String> {
+pub(super) async fn server_version(url: &str) -> Res<String> {
     let version = info_field(url, "server", "redis_version").await?;
     Ok(format!("Redis {version}"))
 }
