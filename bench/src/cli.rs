@@ -14,8 +14,10 @@ usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
   --out DIR      where report.md, report.html and results.json go (default bench/report)
   --render-from FILE
                  write the report of a results.json into --out instead of running anything
-  --only NAMES   only these, comma-separated: memory, redis, redlock, mysql, postgres, mongo, zk,
-                 etcd,
+  --only NAMES   only these, comma-separated: memory, redis, redis-sentinel,
+                 redis-sentinel-sync1, redis-cluster, redis-cluster-sync1 (Redis through
+                 Sentinel and as a Cluster, the -sync1 ones with sync_replicas=1), redlock,
+                 mysql, postgres, postgres-advisory, mongo, zk, etcd,
                  and the peer libraries rslock, redis-py, python-redis-lock, redis-semaphore
                  (Redis), curator (ZooKeeper), etcd-go (etcd); a peer runs with its server's
                  backend unless --only leaves both out. Peers not installed (scripts/bench
@@ -24,8 +26,8 @@ usage: distlock-bench [--quick] [--out DIR] [--only NAME,NAME...]
                  naming only sections runs them on every backend.
   -h, --help     this text
 
-Servers are read from DISTLOCK_REDIS_URL, DISTLOCK_REDLOCK_URLS, DISTLOCK_MYSQL_URL,
-DISTLOCK_POSTGRES_URL, DISTLOCK_MONGO_URL, DISTLOCK_ZK_URL and DISTLOCK_ETCD_URL (default: the loopback ports
+Servers are read from DISTLOCK_REDIS_URL, DISTLOCK_REDIS_SENTINEL_URL,
+DISTLOCK_REDIS_CLUSTER_URL, DISTLOCK_REDLOCK_URLS, DISTLOCK_MYSQL_URL, DISTLOCK_POSTGRES_URL, DISTLOCK_MONGO_URL, DISTLOCK_ZK_URL and DISTLOCK_ETCD_URL (default: the loopback ports
 scripts/services uses).
 ";
 
