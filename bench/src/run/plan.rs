@@ -1,7 +1,8 @@
 //! How long each scenario runs, in the full and the quick mode.
 //!
-//! The full run must stay under ten minutes for all seven backends and the peer together on a
-//! small machine that also runs the servers, so each backend gets roughly a minute: about 8 s of interleaved
+//! Each backend of the full run gets roughly a minute on a small machine that also runs the
+//! servers (fourteen backends with the Redis topologies, about 25 minutes with the peers and
+//! sections 9 and 10 on two cores): about 8 s of interleaved
 //! uncontended/floor slices, 12 s of independent locks, 9 s of the hot lock, ~8 s of wake-ups
 //! and the many-held-locks hold (whose acquiring and releasing have a budget of 30 s each, for
 //! backends that cannot keep 10,000 locks renewed); RedLock adds about 11 s of slices with one of
