@@ -13,6 +13,7 @@ mod ops;
 mod permits;
 mod redlock;
 mod replicas;
+mod replicated;
 mod scripts;
 mod sentinel;
 #[cfg(feature = "testing")]

@@ -8,15 +8,16 @@
 //! own owner and token and reported as `Unavailable`; such a renewal is `Unavailable` too, so the
 //! guard's safe-until does not move (the watchdog retries it, and the guard is lost when
 //! safe-until passes). `WAITAOF` (Redis 7.2, fsync on the replicas' AOF) is not used.
+//!
+//! This module holds the option and what a write carries; the server side of sending a write
+//! and judging its acknowledgements is in `replicated.rs`, beside `ops.rs`.
 
 use std::time::Duration;
 
 use distlock_api::config::UrlQuery;
-use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
-use redis::aio::ConnectionLike;
-use redis::{Pipeline, ServerErrorKind, ToRedisArgs, Value};
+use distlock_api::{Error, ErrorKind, LockName, Result};
+use redis::ToRedisArgs;
 
-use crate::ops::{millis, Conn, Server};
 use crate::scripts::Lua;
 
 /// `sync_replicas` and `sync_timeout` as configured (`replicas` 0: off).
@@ -70,7 +71,7 @@ impl SyncReplicas {
 /// How a server waits for its replicas.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Waiting {
-    replicas: u32,
+    pub(crate) replicas: u32,
     timeout: Option<Duration>,
     default_cap: Duration,
 }
@@ -89,7 +90,7 @@ impl Waiting {
 
 /// How many replicas acknowledged a write: `None` when none were asked for.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Acks(Option<(u32, i64, Duration)>);
+pub(crate) struct Acks(pub(crate) Option<(u32, i64, Duration)>);
 
 impl Acks {
     /// Whether fewer replicas than asked for acknowledged.
@@ -98,7 +99,7 @@ impl Acks {
     }
 
     /// The `Unavailable` error of an unacknowledged write.
-    fn error(&self, name: &LockName, what: &str) -> Error {
+    pub(crate) fn error(&self, name: &LockName, what: &str) -> Error {
         let (asked, got, timeout) = self.0.unwrap_or((0, 0, Duration::ZERO));
         Error::new(
             ErrorKind::Unavailable,
@@ -113,9 +114,9 @@ impl Acks {
 
 /// A script call, sent alone or followed by `WAIT`.
 pub(crate) struct Call {
-    lua: &'static Lua,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    pub(crate) lua: &'static Lua,
+    pub(crate) keys: Vec<Vec<u8>>,
+    pub(crate) args: Vec<Vec<u8>>,
 }
 
 impl Call {
@@ -135,121 +136,6 @@ impl Call {
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
         arg.write_redis_args(&mut self.args);
         self
-    }
-
-    /// `EVALSHA` (or `EVAL` with the source, after `NOSCRIPT`) and `WAIT`.
-    fn pipeline(&self, replicas: u32, timeout: Duration, source: bool) -> Pipeline {
-        let mut pipe = redis::pipe();
-        let script = match source {
-            true => pipe.cmd("EVAL").arg(self.lua.source),
-            false => pipe.cmd("EVALSHA").arg(self.lua.script.get_hash()),
-        };
-        script.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
-        pipe.cmd("WAIT").arg(replicas).arg(millis(timeout));
-        pipe
-    }
-}
-
-impl Server {
-    /// Runs `call`, a write of a lease of `ttl`: alone, or with `sync_replicas` followed by
-    /// `WAIT`. The script's reply, and how many replicas acknowledged.
-    pub(crate) async fn write(
-        &self,
-        what: &str,
-        call: Call,
-        ttl: Duration,
-    ) -> Result<(Value, Acks)> {
-        let Some(waiting) = self.sync else {
-            let mut inv = call.lua.script.prepare_invoke();
-            for key in &call.keys {
-                inv.key(key);
-            }
-            for arg in &call.args {
-                inv.arg(arg);
-            }
-            return Ok((self.run(what, inv).await?, Acks(None)));
-        };
-        let timeout = waiting.timeout(ttl);
-        let pipeline = |source| call.pipeline(waiting.replicas, timeout, source);
-        let round = self.sync_master();
-        let mut conn = self.conn();
-        let (reply, got) = match send(&mut conn, &pipeline).await {
-            Ok(replies) => replies,
-            Err(e) => {
-                if self.sentinel.is_some() {
-                    // As `run`: sent again to the new master only if it certainly did not run.
-                    if self.follow_master(&e, round).await {
-                        let mut conn = self.conn();
-                        let sent = send(&mut conn, &pipeline).await;
-                        sent.map_err(|e| self.error(what, e))?
-                    } else {
-                        return Err(self.error(what, e));
-                    }
-                } else {
-                    if e.is_timeout() {
-                        self.replace_connection();
-                    }
-                    return Err(self.error(what, e));
-                }
-            }
-        };
-        Ok((reply, Acks(Some((waiting.replicas, got, timeout)))))
-    }
-
-    /// After a grant of `(owner, token)` (a permit's if `permit`): if fewer replicas than asked
-    /// for acknowledged it, gives it back (one hold, with its own owner and token, so nothing
-    /// else is touched) and returns `Unavailable`.
-    pub(crate) async fn check_grant(
-        &self,
-        acks: Acks,
-        name: &LockName,
-        (owner, token): (&OwnerId, u64),
-        permit: bool,
-    ) -> Result<()> {
-        if !acks.short() {
-            return Ok(());
-        }
-        let given_back = match permit {
-            true => self.release_permit(name, owner, token).await,
-            false => self.release(name, owner, token).await,
-        };
-        let why = match given_back {
-            Ok(_) => "granted and given back",
-            // The core's give-back of an unanswered acquire settles it.
-            Err(_) => "granted; giving it back failed, it is settled in the background",
-        };
-        Err(acks.error(name, why).with_backend(self.backend))
-    }
-
-    /// After a renewal that took: `Unavailable` if fewer replicas than asked for acknowledged
-    /// it, so the guard's safe-until does not move.
-    pub(crate) fn check_renewal(&self, acks: Acks, name: &LockName) -> Result<()> {
-        match acks.short() {
-            true => Err(acks
-                .error(name, "renewed on the master only")
-                .with_backend(self.backend)),
-            false => Ok(()),
-        }
-    }
-}
-
-/// Sends the pipeline of `EVALSHA` and `WAIT`; after `NOSCRIPT` (a restarted or flushed node,
-/// a promoted replica) once more with `EVAL`, which also caches the script there.
-async fn send(
-    conn: &mut Conn,
-    pipeline: &impl Fn(bool) -> Pipeline,
-) -> redis::RedisResult<(Value, i64)> {
-    let mut replies = conn.req_packed_commands(&pipeline(false), 0, 2).await?;
-    let no_script = |v: &Value| matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript));
-    if replies.first().is_some_and(no_script) {
-        replies = conn.req_packed_commands(&pipeline(true), 0, 2).await?;
-    }
-    let bad = || redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "WAIT"));
-    let [reply, acked] = <[Value; 2]>::try_from(replies).map_err(|_| bad())?;
-    let reply = reply.extract_error()?;
-    match acked.extract_error()? {
-        Value::Int(got) => Ok((reply, got)),
-        _ => Err(bad()),
     }
 }
 
