@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use distlock_conformance::{hosts_of, reroute, Proxy};
 use distlock_redis::redis::AsyncCommands;
 use distlock_redis::{LockExt, LockName, LockOptions, RedisConfig, RedisLock};
 
@@ -54,18 +53,6 @@ const TRIES: usize = 20;
 /// How long the proxy holds each chunk back, each way.
 const IN_FLIGHT: Duration = Duration::from_millis(30);
 
-/// A client whose connections go through a loopback proxy to the test server, and the proxy.
-async fn behind_proxy() -> (Arc<RedisLock>, Proxy) {
-    let url = common::redis_url();
-    let first = hosts_of(&url)[0].clone();
-    let proxy = Proxy::start(first.clone()).await;
-    let proxied = reroute(&url, &[first], &[proxy.addr()]);
-    let client = RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
-        .await
-        .expect("redis unreachable through the proxy: run `scripts/services up redis`");
-    (Arc::new(client), proxy)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_lock_dropped_while_its_script_is_in_flight_gives_the_grant_back() {
     if distlock_conformance::skipped_by_env("redis") {
@@ -75,7 +62,7 @@ async fn try_lock_dropped_while_its_script_is_in_flight_gives_the_grant_back() {
     // Through a proxy that holds every chunk back: the answer cannot be back within the one
     // poll that sends the script (on a loaded machine, without the delay, a poll descheduled
     // mid-way often saw it back, and such a round proves nothing).
-    let (c, proxy) = behind_proxy().await;
+    let (c, proxy) = common::client_behind_proxy().await;
     proxy.delay(IN_FLIGHT);
     let long = LockOptions::new().ttl(Duration::from_secs(60));
     let mut dropped = 0;

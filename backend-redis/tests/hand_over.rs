@@ -5,15 +5,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::backend::HANDED_IN_A_ROW;
 use distlock_api::{DistributedLock, LockName};
 use distlock_conformance::given::handoff_round_trips;
 use distlock_conformance::hand_over;
-use distlock_conformance::{hosts_of, reroute, Proxy};
-use distlock_redis::{LockExt, LockOptions, RedisConfig, RedisLock};
+use distlock_redis::{LockExt, LockOptions};
 
 fn skipped() -> bool {
     let skip = distlock_conformance::skipped_by_env("redis");
@@ -23,24 +21,12 @@ fn skipped() -> bool {
     skip
 }
 
-/// A client behind a counting proxy in front of the test server, and the proxy.
-async fn behind_proxy() -> (Arc<RedisLock>, Proxy) {
-    let url = common::redis_url();
-    let first = hosts_of(&url)[0].clone();
-    let proxy = Proxy::start(first.clone()).await;
-    let proxied = reroute(&url, &[first], &[proxy.addr()]);
-    let client = RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n  start Redis: scripts/services up redis"));
-    (Arc::new(client), proxy)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_off_between_tasks_of_one_client_is_the_release_alone() {
     if skipped() {
         return;
     }
-    let (client, proxy) = behind_proxy().await;
+    let (client, proxy) = common::client_behind_proxy().await;
     let name = common::unique("hand-off-trips");
     // The client's pub/sub connection stays subscribed to the name's channel throughout: a
     // task that got the lock and leaves the channel then sends no UNSUBSCRIBE, which the
@@ -93,7 +79,7 @@ async fn a_handle_passes_a_lock_to_its_own_tasks_only_so_many_times_in_a_row() {
     if skipped() {
         return;
     }
-    let (client, proxy) = behind_proxy().await;
+    let (client, proxy) = common::client_behind_proxy().await;
     let name = common::unique("in-a-row");
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(60))

@@ -21,6 +21,20 @@ pub async fn client() -> Arc<RedisLock> {
     )
 }
 
+/// A client whose connections go through a loopback proxy to the single server, and the proxy
+/// (to count round trips, delay, cut).
+pub async fn client_behind_proxy() -> (Arc<RedisLock>, distlock_conformance::Proxy) {
+    use distlock_conformance::{hosts_of, reroute, Proxy};
+    let url = redis_url();
+    let first = hosts_of(&url)[0].clone();
+    let proxy = Proxy::start(first.clone()).await;
+    let proxied = reroute(&url, &[first], &[proxy.addr()]);
+    let client = RedisLock::connect(RedisConfig::from_url(&proxied).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n  start Redis: scripts/services up redis"));
+    (Arc::new(client), proxy)
+}
+
 /// A name prefix no other test or run uses: `t-<tag>-<pid>-<random>-`.
 pub fn unique(tag: &str) -> String {
     format!(
