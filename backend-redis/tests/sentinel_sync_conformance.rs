@@ -7,36 +7,9 @@
 mod common;
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
-
-use distlock_api::DistributedLock;
-use distlock_conformance::Suite;
-use distlock_redis::{testing, RedisConfig, RedisLock};
 
 fn main() -> ExitCode {
-    let suite = Suite::new(
-        RedisLock::BACKEND,
-        distlock_redis::CAPABILITIES,
-        sync_url(),
-        |url| {
-            Box::pin(async move {
-                let lock = RedisLock::connect(RedisConfig::from_url(&url)?).await?;
-                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-            })
-        },
-    )
-    .admin(|url| Box::pin(testing::redis_admin(url)))
-    // The partition cases put a proxy in front of each server the URL names: here the
-    // sentinels, which name the master's own address, and the client reaches it around them.
-    .without_proxies(
-        "the sentinels announce the master's own address, which the client then reaches \
-         around the proxies in front of the sentinels",
-    )
-    .unreachable_at("redis+sentinel://127.0.0.1:1/distlock")
-    .wake_bound(Duration::from_millis(250))
-    .start_hint("run `scripts/services up redis` (or set DISTLOCK_REDIS_SENTINEL_URL)");
-    distlock_conformance::run(suite)
+    distlock_conformance::run(common::sentinel_suite(sync_url()))
 }
 
 /// The Sentinel URL with `sync_replicas=2` added.

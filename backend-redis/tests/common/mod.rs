@@ -35,6 +35,31 @@ pub async fn client_behind_proxy() -> (Arc<RedisLock>, distlock_conformance::Pro
     (Arc::new(client), proxy)
 }
 
+/// The conformance suite through Sentinel at `url` (the proxy cases not applicable: the
+/// sentinels name the master's own address, which the client reaches around any proxy in
+/// front of the sentinels).
+pub fn sentinel_suite(url: String) -> distlock_conformance::Suite {
+    distlock_conformance::Suite::new(
+        RedisLock::BACKEND,
+        distlock_redis::CAPABILITIES,
+        url,
+        |url| {
+            Box::pin(async move {
+                let lock = RedisLock::connect(RedisConfig::from_url(&url)?).await?;
+                Ok(Arc::new(lock) as Arc<dyn distlock_api::DistributedLock>)
+            })
+        },
+    )
+    .admin(|url| Box::pin(distlock_redis::testing::redis_admin(url)))
+    .without_proxies(
+        "the sentinels announce the master's own address, which the client then reaches \
+         around the proxies in front of the sentinels",
+    )
+    .unreachable_at("redis+sentinel://127.0.0.1:1/distlock")
+    .wake_bound(Duration::from_millis(250))
+    .start_hint("run `scripts/services up redis` (or set DISTLOCK_REDIS_SENTINEL_URL)")
+}
+
 /// A name prefix no other test or run uses: `t-<tag>-<pid>-<random>-`.
 pub fn unique(tag: &str) -> String {
     format!(
