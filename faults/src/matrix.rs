@@ -8,6 +8,9 @@ use std::time::Duration;
 use distlock_api::backend::testing::AdminFn;
 use distlock_api::{BackendDescriptor, Capabilities, LeaseKind};
 
+mod timing;
+pub(crate) use timing::{Timing, SKEW_RATE, SKEW_STEP_MS, STEP_S};
+
 /// A backend the campaign runs against.
 #[derive(Clone, Copy)]
 pub(crate) struct Backend {
@@ -210,6 +213,8 @@ pub(crate) enum Scenario {
     /// master's last writes (nftables drops replication for 1 s while clients take locks)
     /// and the master is killed at the end of it: the promoted replica lacks the last grants.
     SentinelFailoverLagging,
+    /// A private server's clock moved, or one direction of a holder's link cut (`timing.rs`).
+    Timing(Timing),
 }
 
 /// Every scenario, in report order.
@@ -239,7 +244,15 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::MastersRestartVolatile,
     Scenario::SentinelFailover,
     Scenario::SentinelFailoverLagging,
+    Scenario::Timing(Timing::ClockSkewSmall),
+    Scenario::Timing(Timing::ClockStepBack),
+    Scenario::Timing(Timing::OneWayToServer),
+    Scenario::Timing(Timing::OneWayFromServer),
 ];
+
+/// Scenarios that must be flagged where they apply: run only when named (the known-defects
+/// gate names them), never by the campaign, whose cells must all be clean.
+pub(crate) const NEGATIVE_CONTROLS: &[Scenario] = &[Scenario::Timing(Timing::ClockStepForward)];
 
 impl Scenario {
     /// Its key on the command line and in the report.
@@ -270,6 +283,7 @@ impl Scenario {
             Scenario::MastersRestartVolatile => "masters-restart-volatile",
             Scenario::SentinelFailover => "sentinel-failover",
             Scenario::SentinelFailoverLagging => "sentinel-failover-lagging",
+            Scenario::Timing(t) => t.key(),
         }
     }
 
@@ -356,19 +370,27 @@ impl Scenario {
                  1 s while clients take locks, and the master is killed at its end: the \
                  promoted replica lacks the last grants (healed once a replica is promoted)"
             }
+            Scenario::Timing(t) => t.what(),
         }
     }
 
     /// Parses a key.
     pub(crate) fn parse(key: &str) -> Option<Scenario> {
-        SCENARIOS.iter().copied().find(|s| s.key() == key)
+        SCENARIOS
+            .iter()
+            .chain(NEGATIVE_CONTROLS)
+            .copied()
+            .find(|s| s.key() == key)
     }
 
     /// How many private servers the run starts: one to pause or restart, RedLock's five
     /// masters, a 3-member cluster; none for the shared server.
     pub(crate) fn members(self) -> usize {
         match self {
-            Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
+            Scenario::ServerPause
+            | Scenario::ServerRestart
+            | Scenario::ServerRestartVolatile
+            | Scenario::Timing(_) => 1,
             Scenario::MastersDown(_)
             | Scenario::MastersRestart
             | Scenario::MastersRestartVolatile => 5,
@@ -393,6 +415,7 @@ impl Scenario {
             Scenario::MemberRestart => 6,
             // Of 3 s leases: the failover, then clients on the new master.
             Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => 2,
+            Scenario::Timing(t) => t.leases_after(),
             _ => 3,
         }
     }
@@ -414,7 +437,16 @@ impl Scenario {
                 | Scenario::LostReplies
                 | Scenario::ClientCut
                 | Scenario::OobDelete
+                | Scenario::Timing(_)
         )
+    }
+
+    /// Whether the quick campaign runs it on `backend` (the full campaign runs every cell).
+    pub(crate) fn quick(self, backend: &Backend) -> bool {
+        match self {
+            Scenario::Timing(t) => t.quick(backend),
+            _ => true,
+        }
     }
 
     /// Whether the scenario runs against a cluster the run starts in network namespaces.
@@ -485,6 +517,7 @@ impl Scenario {
             {
                 Err("RedLock only")
             }
+            Scenario::Timing(t) => t.applies(backend),
             _ => Ok(()),
         }
     }

@@ -3,7 +3,7 @@
 //! undoes every fault, waits for the leases to run out, looks for residue and checks the
 //! history.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,12 +19,13 @@ use crate::client::ClientConfig;
 /// How many permits the campaign's semaphore names have.
 const SEM_MAX: u32 = 2;
 use crate::clock;
-use crate::history::{Fault, Rec};
+use crate::history::Fault;
 use crate::matrix::{Backend, Scenario};
 use crate::resource::Resource;
 use crate::servers::{Deployment, Kind};
 
 mod residue;
+mod timing;
 
 use residue::{admin, residue};
 
@@ -186,7 +187,11 @@ async fn run_inner(
             seed: fastrand::u64(..),
         };
         let json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if matches!(scenario, Scenario::Timing(t) if !t.clock()) {
+            cmd.gid(timing::client_gid(p));
+        }
+        let child = cmd
             .arg("client")
             .arg(json)
             .stdin(Stdio::null())
@@ -466,6 +471,22 @@ async fn run_inner(
             let lagging = scenario == Scenario::SentinelFailoverLagging;
             undo_error = d.failover(lagging, &note).await?;
         }
+        Scenario::Timing(t) => {
+            let d = server.as_mut().ok_or("no private server")?;
+            let target = if t.clock() {
+                None
+            } else {
+                find_holder(&pids).await
+            };
+            let pid = target.as_ref().map_or(pids[0], |t| t.0);
+            let p = pids.iter().position(|&x| x == pid).unwrap_or(0);
+            let holder = timing::Holder {
+                pid,
+                gid: timing::client_gid(p),
+                described: describe(&target),
+            };
+            undo_error = timing::play(t, d, ttl, holder, &note).await?;
+        }
         Scenario::MastersRestart | Scenario::MastersRestartVolatile => {
             let d = server.as_mut().ok_or("no private masters")?;
             let volatile = scenario == Scenario::MastersRestartVolatile;
@@ -537,7 +558,7 @@ async fn run_inner(
         .collect();
     let residue = residue(backend, &base_url, &prefix, &every_name, ttl).await;
     let faults = faults.lock().expect("faults").clone();
-    let recs = read_histories(dir)?;
+    let recs = crate::history::read_dir(dir)?;
     let expect = Expect {
         oob_delete: scenario == Scenario::OobDelete,
         allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
@@ -565,31 +586,4 @@ fn describe(target: &Option<(u32, String)>) -> String {
         Some((_, name)) => format!("it holds {name:?}"),
         None => "no holder seen in 2 s: a random client".into(),
     }
-}
-
-fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
-    let mut recs = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
-        let path: PathBuf = entry.path();
-        if path.extension().is_none_or(|e| e != "jsonl") {
-            continue;
-        }
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for line in text.lines() {
-            // A killed process may leave a half-written last line; nothing else is skipped.
-            match serde_json::from_str::<Rec>(line) {
-                Ok(r) => recs.push(r),
-                Err(_) if !text.ends_with('\n') && text.lines().last() == Some(line) => {}
-                Err(e) => {
-                    return Err(format!(
-                        "{}: bad history line {line:?}: {e}",
-                        path.display()
-                    ))
-                }
-            }
-        }
-    }
-    Ok(recs)
 }

@@ -18,9 +18,11 @@
 //! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
 //! them all.
 
+mod faked_clock;
 mod launch;
 mod nemesis;
 mod net;
+mod one_way;
 mod probe;
 mod sentinel;
 mod sweep;
@@ -32,6 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use net::ip;
+pub(crate) use sentinel::Note;
 use sweep::remove_dir;
 pub(crate) use sweep::sweep_stale;
 
@@ -96,6 +99,10 @@ pub(crate) struct Deployment {
     volatile: bool,
     /// Redis through Sentinel: a sentinel in each member's namespace (see `sentinel.rs`).
     sentinels: Vec<Child>,
+    /// The libfaketime timestamp file the members' clocks follow (see `faked_clock.rs`).
+    clock: Option<PathBuf>,
+    /// Whether a client's link is cut one way (a table in the root namespace, `one_way.rs`).
+    one_way: bool,
 }
 
 impl Deployment {
@@ -103,6 +110,17 @@ impl Deployment {
     /// Redis) and waits until every one serves; the error says why not.
     /// A `volatile` Redis keeps no append-only file (other kinds always persist).
     pub(crate) async fn start(kind: Kind, n: usize, volatile: bool) -> Result<Self, String> {
+        Self::start_clocked(kind, n, volatile, None).await
+    }
+
+    /// As [`start`](Self::start), with the members' wall clocks under libfaketime from
+    /// `clock`, the timestamp file's first content, when given.
+    pub(crate) async fn start_clocked(
+        kind: Kind,
+        n: usize,
+        volatile: bool,
+        clock: Option<String>,
+    ) -> Result<Self, String> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
         // A /24 of its own per deployment; a taken bridge name moves on to the next.
@@ -128,6 +146,8 @@ impl Deployment {
             dir,
             volatile,
             sentinels: Vec::new(),
+            clock: None,
+            one_way: false,
         };
         ip(&[
             "addr",
@@ -169,6 +189,11 @@ impl Deployment {
         }
         for i in 0..n {
             d.prepare(i)?;
+        }
+        if let Some(spec) = clock {
+            let path = faked_clock::file(&d.dir);
+            faked_clock::write(&path, &spec)?;
+            d.clock = Some(path);
         }
         for i in 0..n {
             d.spawn(i)?;
@@ -229,6 +254,9 @@ impl Deployment {
 
 impl Drop for Deployment {
     fn drop(&mut self) {
+        if self.one_way {
+            let _ = self.heal_one_way();
+        }
         for c in &mut self.sentinels {
             let _ = c.kill();
             let _ = c.wait();

@@ -180,6 +180,9 @@ impl Deployment {
                 .args(["-c", "max_connections=1000", "-c", "shared_buffers=16MB"]);
             }
         }
+        if let Some(clock) = &self.clock {
+            super::faked_clock::wrap(&mut cmd, clock)?;
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -38,7 +38,11 @@ impl Deployment {
             scenario,
             Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
         );
-        Self::start(kind, scenario.members(), volatile).await
+        let clock = match scenario {
+            Scenario::Timing(t) if t.clock() => Some(t.initial_clock()),
+            _ => None,
+        };
+        Self::start_clocked(kind, scenario.members(), volatile, clock).await
     }
 
     /// Member 0 the master (fsync-always append-only file), the others its replicas, and a
