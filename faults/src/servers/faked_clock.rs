@@ -8,8 +8,8 @@
 //! the clock before libfaketime is initialised, and hangs (libfaketime issue #130); Go (etcd)
 //! reads the clock through the vDSO, past libc. The matrix says so in those cells.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Deployment, Kind};
@@ -42,13 +42,33 @@ pub(super) fn write(path: &Path, spec: &str) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Makes `cmd` run under the faked clock of `path`.
-pub(super) fn wrap(cmd: &mut Command, path: &Path) -> Result<(), String> {
-    cmd.env("LD_PRELOAD", library()?)
-        .env("FAKETIME_TIMESTAMP_FILE", path)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    Ok(())
+/// The words that run a server under the faked clock of `path`: `env` with libfaketime's
+/// settings, put right before the server's program. Not on `ip netns exec`: the first
+/// preloaded process creates libfaketime's shared memory for those it starts, and PostgreSQL,
+/// which drops to its own user, could not open root's.
+pub(super) fn env_args(path: &Path) -> Result<Vec<OsString>, String> {
+    let mut preload = OsString::from("LD_PRELOAD=");
+    preload.push(library()?);
+    let mut file = OsString::from("FAKETIME_TIMESTAMP_FILE=");
+    file.push(path);
+    Ok(vec![
+        "env".into(),
+        preload,
+        file,
+        "FAKETIME_NO_CACHE=1".into(),
+        "FAKETIME_DONT_FAKE_MONOTONIC=1".into(),
+    ])
+}
+
+/// Removes the shared memory libfaketime made for the server of process `pid` (`env` creates
+/// it and then becomes the server, which never removes it).
+pub(super) fn forget(pid: u32) {
+    for name in [
+        format!("/dev/shm/faketime_shm_{pid}"),
+        format!("/dev/shm/sem.faketime_sem_{pid}"),
+    ] {
+        let _ = std::fs::remove_file(name);
+    }
 }
 
 fn unix_us(t: SystemTime) -> i64 {
