@@ -14,6 +14,10 @@
 //! backend's docs say); etcd, ZooKeeper, MariaDB, PostgreSQL and the MongoDB stand-in keep
 //! their data directories across a restart.
 //!
+//! The clock rows start their member under libfaketime and move its wall clock while it runs
+//! (`faked_clock.rs`); the one-way rows drop one client's packets in one direction with a table
+//! in the root namespace, where the clients are (`one_way.rs`).
+//!
 //! Each member runs in a process group of its own, and every signal goes to the group:
 //! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
 //! them all.

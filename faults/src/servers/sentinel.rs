@@ -29,7 +29,7 @@ pub(crate) type Note<'a> = &'a dyn Fn(String, Option<u32>, bool, Option<String>)
 impl Deployment {
     /// The deployment `scenario` faults: a Sentinel topology for the sentinel-failover rows,
     /// else `scenario.members()` members of `kind` (Redis without persistence for the
-    /// volatile restarts).
+    /// volatile restarts; the member's wall clock under libfaketime for the clock rows).
     pub(crate) async fn start_for(kind: Kind, scenario: Scenario) -> Result<Self, String> {
         if scenario.sentinel() {
             return Self::start_sentinel(scenario.members()).await;
