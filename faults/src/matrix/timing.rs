@@ -103,7 +103,14 @@ impl Timing {
         if self.clock() {
             return match key {
                 "mysql" | "postgres" | "mongo" => Ok(()),
-                "postgres-advisory" if self != Timing::ClockStepForward => Ok(()),
+                "postgres-advisory" if self == Timing::ClockSkewSmall => Ok(()),
+                "postgres-advisory" if self == Timing::ClockStepBack => Err(
+                    "not clean, so left out (a finding, not a pass): stepped 3 s back, \
+                     PostgreSQL 15 ended holders' sessions for idle_session_timeout (advisory \
+                     mode's session bound) while they were active, and the holders believed on \
+                     until their next probe or safe-until (8 and 10 overlaps in 2 runs; psql \
+                     alone shows the early end); backend-postgres/docs.md",
+                ),
                 "postgres-advisory" => Err(
                     "not run: advisory locks live as long as their session, whose bound \
                      (idle_session_timeout) is the server's own timer; what a forward step does \
@@ -136,7 +143,7 @@ impl Timing {
 
     /// Whether the quick campaign runs it on `backend` (the full one runs every cell): one
     /// cell of each kind of fault, the cheapest servers, about 40 s together. The negative
-    /// control runs wherever it is named (the gate's fast mode runs quick).
+    /// control runs wherever it is named, quick or not.
     pub(crate) fn quick(self, backend: &Backend) -> bool {
         matches!(
             (self, backend.key()),
@@ -174,9 +181,12 @@ mod tests {
         let skew = Scenario::Timing(Timing::ClockSkewSmall);
         let back = Scenario::Timing(Timing::ClockStepBack);
         let forward = Scenario::Timing(Timing::ClockStepForward);
-        let wall = ["mysql", "postgres", "postgres-advisory", "mongo"];
-        assert_eq!(ran_on(skew), wall);
-        assert_eq!(ran_on(back), wall);
+        assert_eq!(
+            ran_on(skew),
+            ["mysql", "postgres", "postgres-advisory", "mongo"]
+        );
+        // Advisory mode under a step back is a finding, not a clean cell (see its reason).
+        assert_eq!(ran_on(back), ["mysql", "postgres", "mongo"]);
         assert_eq!(ran_on(forward), ["mysql", "postgres", "mongo"]);
         // Redis's reason names the jemalloc clash, not a safety claim.
         let redis = backends().into_iter().find(|b| b.key() == "redis").unwrap();
