@@ -473,17 +473,18 @@ async fn run_inner(
         }
         Scenario::Timing(t) => {
             let d = server.as_mut().ok_or("no private server")?;
-            let target = if t.clock() {
+            // A one-way cut hits one holder; a clock move hits every holder at once.
+            let holder = if t.clock() {
                 None
             } else {
-                find_holder(&pids).await
-            };
-            let pid = target.as_ref().map_or(pids[0], |t| t.0);
-            let p = pids.iter().position(|&x| x == pid).unwrap_or(0);
-            let holder = timing::Holder {
-                pid,
-                gid: timing::client_gid(p),
-                described: describe(&target),
+                let target = find_holder(&pids).await;
+                let pid = target.as_ref().map_or(pids[0], |t| t.0);
+                let p = pids.iter().position(|&x| x == pid).unwrap_or(0);
+                Some(timing::Holder {
+                    pid,
+                    gid: timing::client_gid(p),
+                    described: describe(&target),
+                })
             };
             undo_error = timing::play(t, d, ttl, holder, &note).await?;
         }

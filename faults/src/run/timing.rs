@@ -13,7 +13,8 @@ pub(super) fn client_gid(p: usize) -> u32 {
     47_100 + p as u32
 }
 
-/// The holder a one-way cut hits: its pid, its group id, and how the note describes it.
+/// The client a one-way cut hits (a holder, where one was seen): its pid, its group id, and
+/// how the note describes it.
 pub(super) struct Holder {
     pub(super) pid: u32,
     pub(super) gid: u32,
@@ -25,7 +26,7 @@ pub(super) async fn play(
     fault: Timing,
     d: &mut Deployment,
     ttl: Duration,
-    holder: Holder,
+    holder: Option<Holder>,
     note: Note<'_>,
 ) -> Result<Option<String>, String> {
     match fault {
@@ -37,7 +38,10 @@ pub(super) async fn play(
             )
             .await?;
             note(
-                format!("server clock stepped {SKEW_STEP_MS} ms forward, running 0.3 % fast since its start ({read})"),
+                format!(
+                    "server clock stepped {SKEW_STEP_MS} ms forward, running x{SKEW_RATE} since \
+                     its start ({read})"
+                ),
                 None,
                 false,
                 None,
@@ -86,7 +90,7 @@ pub(super) async fn play(
                 pid,
                 gid,
                 described,
-            } = holder;
+            } = holder.ok_or("no client to cut off")?;
             d.cut_one_way(pid, gid, to_server)?;
             let what = if to_server {
                 format!("dropped client {pid}'s packets to the server ({described})")
