@@ -17,7 +17,10 @@ pub(crate) fn usage() -> String {
     let controls: Vec<&str> = NEGATIVE_CONTROLS.iter().map(|s| s.key()).collect();
     format!(
         "usage: distlock-faults [--quick] [--backend B[,B..]] [--scenario S[,S..]] [--runs N] \
-         [--out DIR] [--skip B[,B..]]\n  backends: {}\n  scenarios: {}\n  negative controls \
+         [--out DIR] [--skip B[,B..]]\n       distlock-faults --soak DURATION [--backend B[,B..]] \
+         [--out DIR] [--skip B[,B..]]\n  --soak: one long run per backend, each for DURATION in \
+         turn (90s, 30m, 1h30m; at least 1m), faults every 3-10 s; writes soak.md and soak.json \
+         to --out\n  backends: {}\n  scenarios: {}\n  negative controls \
          (run only when named; they must be flagged): {}",
         backends.join(" "),
         scenarios.join(" "),
@@ -35,6 +38,8 @@ pub(crate) struct Options {
     out: PathBuf,
     /// Backends DISTLOCK_SKIP left out: printed, and named in the report.
     skipped: Vec<&'static str>,
+    /// `--soak DURATION`: a soak of each backend for that long instead of the cells.
+    soak: Option<Duration>,
 }
 
 impl Options {
@@ -47,6 +52,7 @@ impl Options {
             runs: 0,
             out: PathBuf::from("faults"),
             skipped: Vec::new(),
+            soak: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -81,6 +87,7 @@ impl Options {
                         .ok_or(format!("--runs takes 1..=1000, not {v:?}"))?;
                 }
                 "--out" => o.out = PathBuf::from(value()?),
+                "--soak" => o.soak = Some(crate::soak::parse_duration(&value()?)?),
                 "--skip" => {
                     // DISTLOCK_SKIP, passed on by scripts/faults: ids of backends left out.
                     let v = value()?;
@@ -99,6 +106,13 @@ impl Options {
                 "-h" | "--help" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other:?}")),
             }
+        }
+        if o.soak.is_some()
+            && args
+                .iter()
+                .any(|a| matches!(a.as_str(), "--quick" | "--scenario" | "--runs"))
+        {
+            return Err("--soak takes no --quick, --scenario or --runs".into());
         }
         if o.runs == 0 {
             o.runs = if o.quick { 1 } else { 10 };
@@ -148,6 +162,9 @@ struct CellResult {
 /// Runs the campaign and writes the report; `Ok(false)` if any cell found a violation, residue
 /// or a failed run.
 pub(crate) async fn run(o: Options) -> Result<bool, String> {
+    if let Some(length) = o.soak {
+        return crate::soak::run(length, &o.backends, &o.out, &o.skipped).await;
+    }
     let started = Instant::now();
     servers::sweep_stale();
     let knobs = Knobs {
@@ -480,4 +497,39 @@ fn write_report(o: &Options, cells: &[CellResult], wall: Duration) -> Result<(),
         o.out.join("results.json").display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &str) -> Result<Options, String> {
+        let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+        Options::parse(&args)
+    }
+
+    #[test]
+    fn soak_takes_a_length_and_backends_and_refuses_cell_options() {
+        let o = parse("--soak 30m --backend redis,etcd --out /tmp/x").expect("a soak");
+        assert_eq!(o.soak, Some(Duration::from_secs(1800)));
+        let keys: Vec<&str> = o.backends.iter().map(Backend::key).collect();
+        assert_eq!(keys, ["redis", "etcd"]);
+        assert_eq!(
+            parse("--soak 90s").expect("a soak").soak,
+            Some(Duration::from_secs(90))
+        );
+        for bad in [
+            "--soak",
+            "--soak 30",
+            "--soak 10s",
+            "--soak half-an-hour",
+            "--soak 30m --runs 3",
+            "--soak 30m --scenario holder-kill",
+            "--soak 30m --quick",
+            "--soak 30m --backend nosuch",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse("--quick").expect("cells").soak, None);
+    }
 }

@@ -6,6 +6,7 @@
 //! ```text
 //! distlock-faults [--quick] [--backend redis,etcd] [--scenario baseline,holder-kill]
 //!                 [--runs N] [--out DIR] [--skip mongo]
+//! distlock-faults --soak 30m [--backend redis,etcd] [--out DIR] [--skip mongo]
 //! ```
 
 mod campaign;
@@ -17,6 +18,7 @@ mod matrix;
 mod resource;
 mod run;
 mod servers;
+mod soak;
 
 use std::process::ExitCode;
 
