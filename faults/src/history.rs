@@ -1,6 +1,8 @@
 //! What a run records: the operations of the client processes (one JSON line each, written as
 //! they complete) and the nemesis' faults, all timestamped on CLOCK_MONOTONIC.
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 /// Which acquisition of which task of which process: the key of a grant in the history.
@@ -240,4 +242,32 @@ pub(crate) fn killed_end(recs: &[&Rec], fixed: bool, at: u64) -> u64 {
         Some(until) if fixed => until.min(at),
         _ => at,
     }
+}
+
+/// Every client's history in `dir` (its `*.jsonl` files), merged.
+pub(crate) fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
+    let mut recs = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let path: PathBuf = entry.path();
+        if path.extension().is_none_or(|e| e != "jsonl") {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for line in text.lines() {
+            // A killed process may leave a half-written last line; nothing else is skipped.
+            match serde_json::from_str::<Rec>(line) {
+                Ok(r) => recs.push(r),
+                Err(_) if !text.ends_with('\n') && text.lines().last() == Some(line) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "{}: bad history line {line:?}: {e}",
+                        path.display()
+                    ))
+                }
+            }
+        }
+    }
+    Ok(recs)
 }

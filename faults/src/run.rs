@@ -3,7 +3,7 @@
 //! undoes every fault, waits for the leases to run out, looks for residue and checks the
 //! history.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,7 +19,7 @@ use crate::client::ClientConfig;
 /// How many permits the campaign's semaphore names have.
 const SEM_MAX: u32 = 2;
 use crate::clock;
-use crate::history::{Fault, Rec};
+use crate::history::{read_histories, Fault};
 use crate::matrix::{Backend, Scenario};
 use crate::resource::Resource;
 use crate::servers::{Deployment, Kind};
@@ -111,26 +111,25 @@ async fn run_inner(
     let resource = Resource::start()
         .await
         .map_err(|e| format!("cannot start the resource: {e}"))?;
-    let prefix = format!(
-        "faults-{}-{}-{index}-{:08x}-",
-        scenario.key(),
-        std::process::id(),
-        fastrand::u32(..)
-    );
-    let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
     // A semaphore and an election beside the locks, where the backend has them: the same
-    // faults hit all three, and the same checker judges them.
+    // faults hit all three, and the same checker judges them. On a Redis Cluster, names are
+    // drawn until all of them are in the slots of the primary the nemesis faults.
     let caps = backend.capabilities();
-    let sem_names: Vec<String> = caps
-        .semaphore
-        .then(|| format!("{prefix}sem"))
-        .into_iter()
-        .collect();
-    let elect_names: Vec<String> = caps
-        .election
-        .then(|| format!("{prefix}elect"))
-        .into_iter()
-        .collect();
+    let (prefix, names, sem_names, elect_names, every_name) = loop {
+        let prefix = format!(
+            "faults-{}-{}-{index}-{:08x}-",
+            scenario.key(),
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
+        let sem: Vec<String> = caps.semaphore.then(|| format!("{prefix}sem")).into_iter().collect();
+        let elect: Vec<String> = caps.election.then(|| format!("{prefix}elect")).into_iter().collect();
+        let every: Vec<String> = names.iter().chain(&sem).chain(&elect).cloned().collect();
+        if server.as_ref().is_none_or(|d| d.keeps_together(&every)) {
+            break (prefix, names, sem, elect, every);
+        }
+    };
     let proxied = scenario.proxied();
     // Clients connect before they loop: the first fault comes after a moment, which varies so
     // that over the runs a fault lands at every point of the clients' cycles (a fixed moment
@@ -466,6 +465,12 @@ async fn run_inner(
             let lagging = scenario == Scenario::SentinelFailoverLagging;
             undo_error = d.failover(lagging, &note).await?;
         }
+        Scenario::ClusterFailover
+        | Scenario::ClusterSlotMigration
+        | Scenario::ClusterPrimaryCut => {
+            let d = server.as_mut().ok_or("no private Redis Cluster")?;
+            undo_error = d.cluster_fault(scenario, &every_name, ttl, &note).await?;
+        }
         Scenario::MastersRestart | Scenario::MastersRestartVolatile => {
             let d = server.as_mut().ok_or("no private masters")?;
             let volatile = scenario == Scenario::MastersRestartVolatile;
@@ -529,12 +534,6 @@ async fn run_inner(
     let run_end = clock::now();
     drop(routes);
 
-    let every_name: Vec<String> = names
-        .iter()
-        .chain(&sem_names)
-        .chain(&elect_names)
-        .cloned()
-        .collect();
     let residue = residue(backend, &base_url, &prefix, &every_name, ttl).await;
     let faults = faults.lock().expect("faults").clone();
     let recs = read_histories(dir)?;
@@ -565,31 +564,4 @@ fn describe(target: &Option<(u32, String)>) -> String {
         Some((_, name)) => format!("it holds {name:?}"),
         None => "no holder seen in 2 s: a random client".into(),
     }
-}
-
-fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
-    let mut recs = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
-        let path: PathBuf = entry.path();
-        if path.extension().is_none_or(|e| e != "jsonl") {
-            continue;
-        }
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for line in text.lines() {
-            // A killed process may leave a half-written last line; nothing else is skipped.
-            match serde_json::from_str::<Rec>(line) {
-                Ok(r) => recs.push(r),
-                Err(_) if !text.ends_with('\n') && text.lines().last() == Some(line) => {}
-                Err(e) => {
-                    return Err(format!(
-                        "{}: bad history line {line:?}: {e}",
-                        path.display()
-                    ))
-                }
-            }
-        }
-    }
-    Ok(recs)
 }

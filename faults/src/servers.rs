@@ -18,6 +18,8 @@
 //! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
 //! them all.
 
+mod cli;
+mod cluster;
 mod launch;
 mod nemesis;
 mod net;
@@ -33,7 +35,10 @@ use std::time::{Duration, Instant};
 
 use net::ip;
 use sweep::remove_dir;
+pub(crate) use nemesis::Note;
 pub(crate) use sweep::sweep_stale;
+
+use crate::matrix::{Scenario, Topology};
 
 /// How long a start may take before it counts as failed: JVMs and MariaDB on a loaded
 /// 2-core machine.
@@ -76,6 +81,17 @@ impl Kind {
     }
 }
 
+/// How Redis members run (the other kinds always keep their data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RedisMode {
+    /// An fsync-always append-only file: a kill -9 and restart keeps every acknowledged write.
+    Durable,
+    /// No persistence: a restart starts empty.
+    Volatile,
+    /// Durable, and a Redis Cluster node (`cluster-enabled yes`; see `cluster.rs`).
+    Cluster,
+}
+
 /// One member: a server process in its namespace.
 struct Member {
     ns: String,
@@ -92,17 +108,40 @@ pub(crate) struct Deployment {
     bridge: String,
     members: Vec<Member>,
     dir: PathBuf,
-    /// Redis only: no append-only file, so a restart starts empty.
-    volatile: bool,
+    /// Redis only: how its members run.
+    redis: RedisMode,
     /// Redis through Sentinel: a sentinel in each member's namespace (see `sentinel.rs`).
     sentinels: Vec<Child>,
 }
 
 impl Deployment {
-    /// Starts `n` members of `kind` (a cluster for etcd and ZooKeeper, independent masters for
-    /// Redis) and waits until every one serves; the error says why not.
-    /// A `volatile` Redis keeps no append-only file (other kinds always persist).
-    pub(crate) async fn start(kind: Kind, n: usize, volatile: bool) -> Result<Self, String> {
+    /// The deployment `scenario` faults: a Sentinel topology or a Redis Cluster for their rows,
+    /// else `scenario.members()` members of `kind` (Redis without persistence for the volatile
+    /// restarts).
+    pub(crate) async fn start_for(kind: Kind, scenario: Scenario) -> Result<Self, String> {
+        let n = scenario.members();
+        match scenario.topology() {
+            Some(Topology::Sentinel) => Self::start_sentinel(n).await,
+            Some(Topology::Cluster) => Self::start_cluster(n).await,
+            None => {
+                let volatile = matches!(
+                    scenario,
+                    Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
+                );
+                let redis = if volatile {
+                    RedisMode::Volatile
+                } else {
+                    RedisMode::Durable
+                };
+                Self::start(kind, n, redis).await
+            }
+        }
+    }
+
+    /// Starts `n` members of `kind` (a cluster for etcd and ZooKeeper, independent masters or
+    /// not yet joined cluster nodes for Redis, as `redis` says) and waits until every one
+    /// serves; the error says why not.
+    async fn start(kind: Kind, n: usize, redis: RedisMode) -> Result<Self, String> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
         // A /24 of its own per deployment; a taken bridge name moves on to the next.
@@ -126,7 +165,7 @@ impl Deployment {
             bridge: bridge.clone(),
             members: Vec::new(),
             dir,
-            volatile,
+            redis,
             sentinels: Vec::new(),
         };
         ip(&[
@@ -216,6 +255,7 @@ impl Deployment {
         let hosts = hosts.join(",");
         match self.kind {
             Kind::Redis if !self.sentinels.is_empty() => self.sentinel_url(),
+            Kind::Redis if self.redis == RedisMode::Cluster => format!("redis+cluster://{hosts}"),
             Kind::Redis if self.members.len() > 1 => format!("redlock://{hosts}"),
             Kind::Redis => format!("redis://{hosts}"),
             Kind::Etcd => format!("etcd://{hosts}"),
