@@ -150,7 +150,10 @@ impl Deployment {
         for _ in 0..200 {
             subnet = (pid + RUNS.fetch_add(1, Ordering::Relaxed)) % 200 + 20;
             bridge = format!("dlf{subnet}");
-            if ip(&["link", "add", &bridge, "type", "bridge"]).is_ok() {
+            // A deleted namespace's link can outlive it for a while (seen beside other
+            // campaigns): its subnet counts as taken.
+            let stale = ip(&["link", "show", &format!("dlf{subnet}v0")]).is_ok();
+            if !stale && ip(&["link", "add", &bridge, "type", "bridge"]).is_ok() {
                 break;
             }
             bridge.clear();

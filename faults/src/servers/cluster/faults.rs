@@ -11,8 +11,11 @@ use super::super::{Deployment, Note};
 use super::{slot_of, FAULTED, PORT};
 use crate::matrix::Scenario;
 
-/// Keys moved per `MIGRATE`.
-const BATCH: &str = "100";
+/// Keys moved per `MIGRATE`: one, with [`KEY_PAUSE`] after each, so that for a while a name's
+/// keys are split between the two primaries (its lock on one, its fencing counter on the other)
+/// while clients keep working, as in a migration of a slot with many keys.
+const BATCH: &str = "1";
+const KEY_PAUSE: Duration = Duration::from_millis(100);
 
 impl Deployment {
     /// Plays `scenario`'s fault on the cluster; `names` are the run's (all in the faulted
@@ -122,8 +125,8 @@ impl Deployment {
 
     /// Migrates `slots` from primary `from` to primary `to` as an operator does while clients
     /// keep working: the target imports and the source migrates them (clients are sent on with
-    /// `ASK`, or `TRYAGAIN` while a name's keys are split), their keys are moved in batches of
-    /// [`BATCH`], and every primary is told the new owner (the target first, then the source,
+    /// `ASK`, or `TRYAGAIN` while a name's keys are split), their keys are moved a few at a time
+    /// ([`BATCH`]), and every primary is told the new owner (the target first, then the source,
     /// which answers `MOVED` from then on).
     async fn move_slots(
         &self,
@@ -190,6 +193,7 @@ impl Deployment {
                     return Err(format!("MIGRATE of slot {slot}: {answer}"));
                 }
                 moved += keys.len();
+                tokio::time::sleep(KEY_PAUSE).await;
             }
         }
         let primaries = self.members.len() / 2;
