@@ -197,6 +197,21 @@ pub(crate) async fn run(o: Options) -> Result<bool, String> {
                 cells.push(cell);
                 continue;
             }
+            let quick = if o.quick {
+                scenario.in_quick(backend)
+            } else {
+                Ok(())
+            };
+            if let Err(why) = quick {
+                cell.status = format!("not in quick mode: {why}");
+                eprintln!(
+                    "{:<15} {:<8} not in quick mode",
+                    scenario.key(),
+                    backend.key()
+                );
+                cells.push(cell);
+                continue;
+            }
             for i in 0..o.runs {
                 let dir = scratch.join(format!("{}-{}-{i}", scenario.key(), backend.key()));
                 std::fs::create_dir_all(&dir)

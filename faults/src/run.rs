@@ -123,8 +123,16 @@ async fn run_inner(
             fastrand::u32(..)
         );
         let names: Vec<String> = (0..2).map(|i| format!("{prefix}{i}")).collect();
-        let sem: Vec<String> = caps.semaphore.then(|| format!("{prefix}sem")).into_iter().collect();
-        let elect: Vec<String> = caps.election.then(|| format!("{prefix}elect")).into_iter().collect();
+        let sem: Vec<String> = caps
+            .semaphore
+            .then(|| format!("{prefix}sem"))
+            .into_iter()
+            .collect();
+        let elect: Vec<String> = caps
+            .election
+            .then(|| format!("{prefix}elect"))
+            .into_iter()
+            .collect();
         let every: Vec<String> = names.iter().chain(&sem).chain(&elect).cloned().collect();
         if server.as_ref().is_none_or(|d| d.keeps_together(&every)) {
             break (prefix, names, sem, elect, every);

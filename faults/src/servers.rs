@@ -33,9 +33,9 @@ use std::process::Child;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub(crate) use nemesis::Note;
 use net::ip;
 use sweep::remove_dir;
-pub(crate) use nemesis::Note;
 pub(crate) use sweep::sweep_stale;
 
 use crate::matrix::{Scenario, Topology};

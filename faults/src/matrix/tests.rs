@@ -82,3 +82,23 @@ fn cluster_backends_run_only_the_cluster_rows_and_the_cut_one_only_with_sync() {
         }
     }
 }
+
+#[test]
+fn quick_mode_keeps_one_cell_per_cluster_row_and_every_other_cell() {
+    let plain = backend("redis-cluster");
+    for &s in SCENARIOS {
+        for b in backends() {
+            let skipped = s.in_quick(&b).is_err();
+            let cluster_row = s.topology() == Some(Topology::Cluster);
+            assert_eq!(
+                skipped,
+                b.key() == "redis-cluster" && cluster_row,
+                "{s:?} {b:?}"
+            );
+        }
+        if s.topology() == Some(Topology::Cluster) {
+            assert!(s.applies(&backend("redis-cluster-sync")).is_ok(), "{s:?}");
+            assert!(s.in_quick(&plain).is_err(), "{s:?}");
+        }
+    }
+}

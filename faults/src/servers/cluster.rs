@@ -41,7 +41,12 @@ impl Deployment {
         for p in 0..primaries {
             let slots = initial_slots(p, primaries);
             let (lo, hi) = (slots.start().to_string(), slots.end().to_string());
-            cli_ok(&d.members[p].ip, PORT, &["CLUSTER", "ADDSLOTSRANGE", &lo, &hi]).await?;
+            cli_ok(
+                &d.members[p].ip,
+                PORT,
+                &["CLUSTER", "ADDSLOTSRANGE", &lo, &hi],
+            )
+            .await?;
         }
         for r in primaries..n {
             // Refused ("Unknown node") until the replica has heard of its primary.

@@ -50,7 +50,12 @@ impl Deployment {
 
     /// A second after a failover, restarts the old primary `i` on its data (it comes back as a
     /// replica); notes `what` (a fault's end) whether or not it came back.
-    pub(super) async fn rejoin(&mut self, i: usize, what: &str, note: Note<'_>) -> Result<(), String> {
+    pub(super) async fn rejoin(
+        &mut self,
+        i: usize,
+        what: &str,
+        note: Note<'_>,
+    ) -> Result<(), String> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let restarted = self.restart(i).await;
         note(what.into(), None, true, None);

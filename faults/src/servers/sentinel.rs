@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::cli::{cli, cli_ok, poll};
-use super::net::nft;
 use super::nemesis::PROMOTION_BOUND;
+use super::net::nft;
 use super::{Deployment, Kind, Note, RedisMode, START_BOUND};
 
 /// The name the sentinels monitor the master under.
@@ -172,8 +172,12 @@ impl Deployment {
             true,
             None,
         );
-        self.rejoin(0, "old master restarted (Sentinel makes it a replica)", note)
-            .await?;
+        self.rejoin(
+            0,
+            "old master restarted (Sentinel makes it a replica)",
+            note,
+        )
+        .await?;
         Ok(undo)
     }
 }

@@ -51,7 +51,10 @@ impl Deployment {
                 let restarted = Instant::now();
                 self.await_replica().await?;
                 note(
-                    format!("old primary in sync as a replica {} ms after its restart", ms(restarted)),
+                    format!(
+                        "old primary in sync as a replica {} ms after its restart",
+                        ms(restarted)
+                    ),
                     None,
                     true,
                     None,
@@ -139,8 +142,18 @@ impl Deployment {
         let (from_id, to_id) = (self.node_id(from).await?, self.node_id(to).await?);
         let list: Vec<String> = slots.iter().map(u16::to_string).collect();
         for slot in &list {
-            cli_ok(to_ip, PORT, &["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id]).await?;
-            cli_ok(from_ip, PORT, &["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id]).await?;
+            cli_ok(
+                to_ip,
+                PORT,
+                &["CLUSTER", "SETSLOT", slot, "IMPORTING", &from_id],
+            )
+            .await?;
+            cli_ok(
+                from_ip,
+                PORT,
+                &["CLUSTER", "SETSLOT", slot, "MIGRATING", &to_id],
+            )
+            .await?;
         }
         let list = list.join(", ");
         note(
