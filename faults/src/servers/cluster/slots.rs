@@ -59,10 +59,7 @@ mod tests {
         assert_eq!(key_slot("foo{hash_tag}"), 2515);
         assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
         // An empty tag does not count: the whole key is hashed.
-        assert_eq!(
-            key_slot("{}foo"),
-            u16::try_from(crc16(b"{}foo") % 16384).unwrap()
-        );
+        assert_eq!(key_slot("{}foo"), crc16(b"{}foo") % 16384);
     }
 
     #[test]
