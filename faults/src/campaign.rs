@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::matrix::{backends, Backend, Scenario, SCENARIOS};
+use crate::matrix::{backends, Backend, Scenario, NEGATIVE_CONTROLS, SCENARIOS};
 use crate::run::{self, Knobs, RunResult};
 use crate::servers;
 
@@ -14,11 +14,14 @@ use crate::servers;
 pub(crate) fn usage() -> String {
     let backends: Vec<&str> = backends().iter().map(Backend::key).collect();
     let scenarios: Vec<&str> = SCENARIOS.iter().map(|s| s.key()).collect();
+    let controls: Vec<&str> = NEGATIVE_CONTROLS.iter().map(|s| s.key()).collect();
     format!(
         "usage: distlock-faults [--quick] [--backend B[,B..]] [--scenario S[,S..]] [--runs N] \
-         [--out DIR] [--skip B[,B..]]\n  backends: {}\n  scenarios: {}",
+         [--out DIR] [--skip B[,B..]]\n  backends: {}\n  scenarios: {}\n  negative controls \
+         (run only when named; they must be flagged): {}",
         backends.join(" "),
-        scenarios.join(" ")
+        scenarios.join(" "),
+        controls.join(" ")
     )
 }
 
@@ -197,19 +200,12 @@ pub(crate) async fn run(o: Options) -> Result<bool, String> {
                 cells.push(cell);
                 continue;
             }
-            let quick = if o.quick {
-                scenario.in_quick(backend)
-            } else {
-                Ok(())
-            };
-            if let Err(why) = quick {
-                cell.status = format!("not in quick mode: {why}");
+            if o.quick && !scenario.quick(backend) {
                 eprintln!(
-                    "{:<15} {:<8} not in quick mode",
+                    "{:<15} {:<8} full campaign only",
                     scenario.key(),
                     backend.key()
                 );
-                cells.push(cell);
                 continue;
             }
             for i in 0..o.runs {
@@ -421,7 +417,7 @@ fn write_report(o: &Options, cells: &[CellResult], wall: Duration) -> Result<(),
         );
     }
     let _ = writeln!(md, "\n## Scenarios\n");
-    for s in SCENARIOS {
+    for s in SCENARIOS.iter().chain(NEGATIVE_CONTROLS) {
         let _ = writeln!(md, "- `{}`: {}", s.key(), s.what());
     }
     let _ = writeln!(md, "\n## Not applicable\n");

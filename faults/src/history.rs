@@ -244,8 +244,8 @@ pub(crate) fn killed_end(recs: &[&Rec], fixed: bool, at: u64) -> u64 {
     }
 }
 
-/// Every client's history in `dir` (its `*.jsonl` files), merged.
-pub(crate) fn read_histories(dir: &Path) -> Result<Vec<Rec>, String> {
+/// Every record of the client histories (`*.jsonl`) under `dir`.
+pub(crate) fn read_dir(dir: &Path) -> Result<Vec<Rec>, String> {
     let mut recs = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries.flatten() {

@@ -4,8 +4,10 @@
 //! repeats a backend's key layout.
 
 mod backend;
+mod timing;
 
 pub(crate) use backend::{backends, Backend, Topology};
+pub(crate) use timing::{Timing, SKEW_RATE, SKEW_STEP_MS, STEP_S};
 
 /// A nemesis scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +59,8 @@ pub(crate) enum Scenario {
     /// replica and the other primaries, its clients still reaching it; the replica promoted
     /// after the node timeout; healed.
     ClusterPrimaryCut,
+    /// A private server's clock moved, or one direction of a holder's link cut (`timing.rs`).
+    Timing(Timing),
 }
 
 /// Every scenario, in report order.
@@ -89,7 +93,15 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::ClusterFailover,
     Scenario::ClusterSlotMigration,
     Scenario::ClusterPrimaryCut,
+    Scenario::Timing(Timing::ClockSkewSmall),
+    Scenario::Timing(Timing::ClockStepBack),
+    Scenario::Timing(Timing::OneWayToServer),
+    Scenario::Timing(Timing::OneWayFromServer),
 ];
+
+/// Scenarios that must be flagged where they apply: run only when named (the known-defects
+/// gate names them), never by the campaign, whose cells must all be clean.
+pub(crate) const NEGATIVE_CONTROLS: &[Scenario] = &[Scenario::Timing(Timing::ClockStepForward)];
 
 impl Scenario {
     /// Its key on the command line and in the report.
@@ -123,6 +135,7 @@ impl Scenario {
             Scenario::ClusterFailover => "cluster-failover",
             Scenario::ClusterSlotMigration => "cluster-slot-migration",
             Scenario::ClusterPrimaryCut => "cluster-primary-cut",
+            Scenario::Timing(t) => t.key(),
         }
     }
 
@@ -227,19 +240,27 @@ impl Scenario {
                  it; the replica promoted after the node timeout; healed then (the old primary \
                  rejoins as a replica): grants it made after the cut never reached the new one"
             }
+            Scenario::Timing(t) => t.what(),
         }
     }
 
     /// Parses a key.
     pub(crate) fn parse(key: &str) -> Option<Scenario> {
-        SCENARIOS.iter().copied().find(|s| s.key() == key)
+        SCENARIOS
+            .iter()
+            .chain(NEGATIVE_CONTROLS)
+            .copied()
+            .find(|s| s.key() == key)
     }
 
     /// How many private servers the run starts: one to pause or restart, RedLock's five
     /// masters, a 3-member cluster; none for the shared server.
     pub(crate) fn members(self) -> usize {
         match self {
-            Scenario::ServerPause | Scenario::ServerRestart | Scenario::ServerRestartVolatile => 1,
+            Scenario::ServerPause
+            | Scenario::ServerRestart
+            | Scenario::ServerRestartVolatile
+            | Scenario::Timing(_) => 1,
             Scenario::MastersDown(_)
             | Scenario::MastersRestart
             | Scenario::MastersRestartVolatile => 5,
@@ -266,6 +287,7 @@ impl Scenario {
             | Scenario::LeaderCut
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
+            Scenario::Timing(t) => t.leases_after(),
             // Of 3 s leases: the failover (or the migrations), then clients on the new primary.
             s if s.topology().is_some() => 2,
             _ => 3,
@@ -289,6 +311,7 @@ impl Scenario {
                 | Scenario::LostReplies
                 | Scenario::ClientCut
                 | Scenario::OobDelete
+                | Scenario::Timing(_)
         )
     }
 
@@ -317,18 +340,16 @@ impl Scenario {
         }
     }
 
-    /// Whether quick mode (`--quick`, part of the test command) runs it on `backend` (where it
-    /// applies), or why not: every cell but the cluster rows' without `sync_replicas`. A cluster
-    /// cell takes about 15 s (six nodes to start and join, a failover or two migrations), so
-    /// quick mode keeps one cell per cluster row, the one that must be clean.
-    pub(crate) fn in_quick(self, backend: &Backend) -> Result<(), &'static str> {
-        if self.topology() == Some(Topology::Cluster) && backend.key() == "redis-cluster" {
-            return Err(
-                "quick mode runs the cluster rows with sync_replicas=1 only \
-                        (the full campaign runs both)",
-            );
+    /// Whether the quick campaign runs it on `backend` (the full campaign runs every cell). Of
+    /// the cluster rows, only the `redis-cluster-sync` cell, the one that must be clean: a
+    /// cluster cell takes about 15 s (six nodes started and joined, a failover or two
+    /// migrations), and quick mode keeps one per row.
+    pub(crate) fn quick(self, backend: &Backend) -> bool {
+        match self {
+            Scenario::Timing(t) => t.quick(backend),
+            s if s.topology() == Some(Topology::Cluster) => backend.key() != "redis-cluster",
+            _ => true,
         }
-        Ok(())
     }
 
     /// Whether it runs on `backend`, or why not.
@@ -391,6 +412,7 @@ impl Scenario {
             {
                 Err("RedLock only")
             }
+            Scenario::Timing(t) => t.applies(backend),
             _ => Ok(()),
         }
     }

@@ -19,12 +19,13 @@ use crate::client::ClientConfig;
 /// How many permits the campaign's semaphore names have.
 const SEM_MAX: u32 = 2;
 use crate::clock;
-use crate::history::{read_histories, Fault};
+use crate::history::Fault;
 use crate::matrix::{Backend, Scenario};
 use crate::resource::Resource;
 use crate::servers::{Deployment, Kind};
 
 mod residue;
+mod timing;
 
 use residue::{admin, residue};
 
@@ -193,7 +194,11 @@ async fn run_inner(
             seed: fastrand::u64(..),
         };
         let json = serde_json::to_string(&config).map_err(|e| e.to_string())?;
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if matches!(scenario, Scenario::Timing(t) if !t.clock()) {
+            cmd.gid(timing::client_gid(p));
+        }
+        let child = cmd
             .arg("client")
             .arg(json)
             .stdin(Stdio::null())
@@ -479,6 +484,23 @@ async fn run_inner(
             let d = server.as_mut().ok_or("no private Redis Cluster")?;
             undo_error = d.cluster_fault(scenario, &every_name, ttl, &note).await?;
         }
+        Scenario::Timing(t) => {
+            let d = server.as_mut().ok_or("no private server")?;
+            // A one-way cut hits one holder; a clock move hits every holder at once.
+            let holder = if t.clock() {
+                None
+            } else {
+                let target = find_holder(&pids).await;
+                let pid = target.as_ref().map_or(pids[0], |t| t.0);
+                let p = pids.iter().position(|&x| x == pid).unwrap_or(0);
+                Some(timing::Holder {
+                    pid,
+                    gid: timing::client_gid(p),
+                    described: describe(&target),
+                })
+            };
+            undo_error = timing::play(t, d, ttl, holder, &note).await?;
+        }
         Scenario::MastersRestart | Scenario::MastersRestartVolatile => {
             let d = server.as_mut().ok_or("no private masters")?;
             let volatile = scenario == Scenario::MastersRestartVolatile;
@@ -544,7 +566,7 @@ async fn run_inner(
 
     let residue = residue(backend, &base_url, &prefix, &every_name, ttl).await;
     let faults = faults.lock().expect("faults").clone();
-    let recs = read_histories(dir)?;
+    let recs = crate::history::read_dir(dir)?;
     let expect = Expect {
         oob_delete: scenario == Scenario::OobDelete,
         allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),

@@ -14,15 +14,21 @@
 //! backend's docs say); etcd, ZooKeeper, MariaDB, PostgreSQL and the MongoDB stand-in keep
 //! their data directories across a restart.
 //!
+//! The clock rows start their member under libfaketime and move its wall clock while it runs
+//! (`faked_clock.rs`); the one-way rows drop one client's packets in one direction with a table
+//! in the root namespace, where the clients are (`one_way.rs`).
+//!
 //! Each member runs in a process group of its own, and every signal goes to the group:
 //! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
 //! them all.
 
 mod cli;
 mod cluster;
+mod faked_clock;
 mod launch;
 mod nemesis;
 mod net;
+mod one_way;
 mod probe;
 mod sentinel;
 mod sweep;
@@ -112,12 +118,16 @@ pub(crate) struct Deployment {
     redis: RedisMode,
     /// Redis through Sentinel: a sentinel in each member's namespace (see `sentinel.rs`).
     sentinels: Vec<Child>,
+    /// The libfaketime timestamp file the members' clocks follow (see `faked_clock.rs`).
+    clock: Option<PathBuf>,
+    /// Whether a client's link is cut one way (a table in the root namespace, `one_way.rs`).
+    one_way: bool,
 }
 
 impl Deployment {
     /// The deployment `scenario` faults: a Sentinel topology or a Redis Cluster for their rows,
     /// else `scenario.members()` members of `kind` (Redis without persistence for the volatile
-    /// restarts).
+    /// restarts; the member's wall clock under libfaketime for the clock rows).
     pub(crate) async fn start_for(kind: Kind, scenario: Scenario) -> Result<Self, String> {
         let n = scenario.members();
         match scenario.topology() {
@@ -133,7 +143,11 @@ impl Deployment {
                 } else {
                     RedisMode::Durable
                 };
-                Self::start(kind, n, redis).await
+                let clock = match scenario {
+                    Scenario::Timing(t) if t.clock() => Some(t.initial_clock()),
+                    _ => None,
+                };
+                Self::start_clocked(kind, n, redis, clock).await
             }
         }
     }
@@ -142,6 +156,17 @@ impl Deployment {
     /// not yet joined cluster nodes for Redis, as `redis` says) and waits until every one
     /// serves; the error says why not.
     async fn start(kind: Kind, n: usize, redis: RedisMode) -> Result<Self, String> {
+        Self::start_clocked(kind, n, redis, None).await
+    }
+
+    /// As [`start`](Self::start), with the members' wall clocks under libfaketime from
+    /// `clock`, the timestamp file's first content, when given.
+    async fn start_clocked(
+        kind: Kind,
+        n: usize,
+        redis: RedisMode,
+        clock: Option<String>,
+    ) -> Result<Self, String> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
         // A /24 of its own per deployment; a taken bridge name moves on to the next.
@@ -170,6 +195,8 @@ impl Deployment {
             dir,
             redis,
             sentinels: Vec::new(),
+            clock: None,
+            one_way: false,
         };
         ip(&[
             "addr",
@@ -211,6 +238,11 @@ impl Deployment {
         }
         for i in 0..n {
             d.prepare(i)?;
+        }
+        if let Some(spec) = clock {
+            let path = faked_clock::file(&d.dir);
+            faked_clock::write(&path, &spec)?;
+            d.clock = Some(path);
         }
         for i in 0..n {
             d.spawn(i)?;
@@ -272,6 +304,9 @@ impl Deployment {
 
 impl Drop for Deployment {
     fn drop(&mut self) {
+        if self.one_way {
+            let _ = self.heal_one_way();
+        }
         for c in &mut self.sentinels {
             let _ = c.kill();
             let _ = c.wait();

@@ -86,6 +86,11 @@ impl Deployment {
         let data = m.dir.join("data");
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &m.ns]);
+        // Under a faked clock: only the servers the matrix moves the clock of take these.
+        let faked = match &self.clock {
+            Some(path) => super::faked_clock::env_args(path)?,
+            None => Vec::new(),
+        };
         match self.kind {
             Kind::Redis => {
                 cmd.args([
@@ -150,7 +155,8 @@ impl Deployment {
                 .arg(m.dir.join("zoo.cfg"));
             }
             Kind::Mariadb => {
-                cmd.args(["mariadbd", "--no-defaults", "--user=root"])
+                cmd.args(&faked)
+                    .args(["mariadbd", "--no-defaults", "--user=root"])
                     .arg(format!("--datadir={}", data.display()))
                     .arg(format!("--tmpdir={}", m.dir.join("tmp").display()))
                     .arg(format!("--socket={}", m.dir.join("mysqld.sock").display()))
@@ -165,7 +171,8 @@ impl Deployment {
                     .map(PathBuf::from)
                     .or_else(|_| std::env::var("HOME").map(|h| PathBuf::from(h).join(".cargo")))
                     .unwrap_or_default();
-                cmd.arg(home.join("bin").join("secantusd-rs"))
+                cmd.args(&faked)
+                    .arg(home.join("bin").join("secantusd-rs"))
                     .args(["--host", &m.ip, "--port", "27017", "--storage-path"])
                     .arg(&data)
                     // Without it, SecantusDB acknowledges `j: true` writes before they reach
@@ -181,6 +188,7 @@ impl Deployment {
                     "--init-groups",
                 ])
                 .arg("--")
+                .args(&faked)
                 .arg(format!("{PG_BIN}/postgres"))
                 .arg("-D")
                 .arg(&data)

@@ -29,6 +29,9 @@ impl Deployment {
         if let Some(mut c) = self.members[i].child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            if self.clock.is_some() {
+                super::faked_clock::forget(c.id());
+            }
         }
     }
 

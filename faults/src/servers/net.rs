@@ -1,5 +1,5 @@
 //! The network tools a deployment runs: ip(8) for its namespaces, bridge and addresses,
-//! nft(8) for the tables that cut a member off.
+//! nft(8) for the tables that cut a member off (or one direction of a client's link).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -24,13 +24,25 @@ pub(super) fn ip(args: &[&str]) -> Result<(), String> {
 
 /// Runs `nft -f -` with `script` inside namespace `ns`.
 pub(super) fn nft(ns: &str, script: &str) -> Result<(), String> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, "nft", "-f", "-"]);
+    nft_run(cmd, &format!("in {ns}"), script)
+}
+
+/// Runs `nft -f -` with `script` in the runner's own namespace, where the client processes are.
+pub(super) fn nft_host(script: &str) -> Result<(), String> {
+    let mut cmd = Command::new("nft");
+    cmd.args(["-f", "-"]);
+    nft_run(cmd, "in the root namespace", script)
+}
+
+fn nft_run(mut cmd: Command, place: &str, script: &str) -> Result<(), String> {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run nft in {ns}: {e} (scripts/faults installs nftables)"))?;
+        .map_err(|e| format!("cannot run nft {place}: {e} (scripts/faults installs nftables)"))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(script.as_bytes())
@@ -41,7 +53,7 @@ pub(super) fn nft(ns: &str, script: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "nft in {ns}: {}",
+            "nft {place}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }

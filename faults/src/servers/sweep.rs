@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::net::ip;
+use super::net::{ip, nft_host};
 
 /// Removes what an earlier campaign that was killed before its cleanup left behind: network
-/// namespaces (and the servers still running in them), bridges and data directories named after
-/// a process that no longer exists. Those of live campaigns are left alone.
+/// namespaces (and the servers still running in them), bridges, one-way cuts' nftables tables
+/// and data directories named after a process that no longer exists. Those of live campaigns
+/// are left alone.
 pub(crate) fn sweep_stale() {
     let alive = |pid: &str| Path::new("/proc").join(pid).exists();
     let mut live_subnets = Vec::new();
@@ -53,6 +54,20 @@ pub(crate) fn sweep_stale() {
             let ports = std::fs::read_dir(e.path().join("brif")).map_or(0, |d| d.count());
             if ports == 0 {
                 let _ = ip(&["link", "delete", &name]);
+            }
+        }
+    }
+    // A one-way cut's table in the root namespace, named after its deployment's bridge.
+    if let Ok(out) = Command::new("nft").args(["list", "tables"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(table) = line.strip_prefix("table inet ") else {
+                continue;
+            };
+            let Some(subnet) = table.strip_prefix("distlock_oneway_dlf") else {
+                continue;
+            };
+            if !live_subnets.iter().any(|s| s == subnet) {
+                let _ = nft_host(&format!("delete table inet {table}\n"));
             }
         }
     }
