@@ -8,8 +8,9 @@ use distlock_api::backend::testing::Admin;
 use distlock_api::{LockName, Result};
 use redis::FromRedisValue;
 
+use crate::keys::KeySpace;
 use crate::ops::Server;
-use crate::{RedLock, RedLockConfig, RedisConfig, RedisLock};
+use crate::{RedLock, RedLockConfig, RedisConfig, RedisLock, DEFAULT_KEY_PREFIX};
 
 impl Server {
     async fn command<T: FromRedisValue>(&self, what: &str, cmd: &redis::Cmd) -> Result<T> {
@@ -137,4 +138,11 @@ pub async fn redlock_admin(urls: String) -> Result<Arc<dyn Admin>> {
     Ok(Arc::new(
         RedLock::connect(RedLockConfig::from_url(&urls)?).await?,
     ))
+}
+
+/// The key of `name`'s lock under the default key prefix. Every key of a name shares this key's
+/// hash tag, so its Redis Cluster slot is the name's (a test that faults one slot's primary
+/// picks its names with it).
+pub fn lock_key(name: &LockName) -> String {
+    KeySpace::new(DEFAULT_KEY_PREFIX).lock_key(name)
 }

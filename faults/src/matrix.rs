@@ -3,176 +3,11 @@
 //! admins (deleting a lock behind its holder, listing what a run left), so nothing here
 //! repeats a backend's key layout.
 
-use std::time::Duration;
-
-use distlock_api::backend::testing::AdminFn;
-use distlock_api::{BackendDescriptor, Capabilities, LeaseKind};
-
+mod backend;
 mod timing;
+
+pub(crate) use backend::{backends, Backend, Topology};
 pub(crate) use timing::{Timing, SKEW_RATE, SKEW_STEP_MS, STEP_S};
-
-/// A backend the campaign runs against.
-#[derive(Clone, Copy)]
-pub(crate) struct Backend {
-    /// What the backend crate says of itself.
-    pub(crate) descriptor: &'static BackendDescriptor,
-    /// Its test-only admin; `None` for the in-memory store (no server to act on).
-    pub(crate) admin: Option<AdminFn>,
-    /// A mode of the backend chosen by URL options: its key, the options, and what it
-    /// promises (PostgreSQL's advisory mode). `None`: the descriptor's id and capabilities.
-    pub(crate) mode: Option<Mode>,
-}
-
-/// A backend's mode: a second set of cells for one crate.
-#[derive(Clone, Copy)]
-pub(crate) struct Mode {
-    pub(crate) key: &'static str,
-    /// Appended to every URL of the backend.
-    pub(crate) options: &'static str,
-    pub(crate) capabilities: Capabilities,
-}
-
-impl std::fmt::Debug for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.key())
-    }
-}
-
-/// Every backend, in report order.
-pub(crate) fn backends() -> Vec<Backend> {
-    vec![
-        Backend {
-            descriptor: &distlock_redis::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_redis::REDLOCK_DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_redis::testing::redlock_admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_mysql::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_mysql::testing::admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_postgres::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_postgres::testing::admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_postgres::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_postgres::testing::admin(url))),
-            // The session bound is the campaign's session lease (see `ttl`).
-            mode: Some(Mode {
-                key: "postgres-advisory",
-                options: "mode=advisory&session_timeout=2s",
-                capabilities: distlock_postgres::ADVISORY_CAPABILITIES,
-            }),
-        },
-        // Redis through Sentinel, on a private master, 2 replicas and 3 sentinels the run
-        // starts (the sentinel-failover rows); with and without waiting for a replica.
-        Backend {
-            descriptor: &distlock_redis::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
-            mode: Some(Mode {
-                key: "redis-sentinel",
-                options: "",
-                capabilities: distlock_redis::DESCRIPTOR.capabilities,
-            }),
-        },
-        Backend {
-            descriptor: &distlock_redis::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_redis::testing::redis_admin(url))),
-            mode: Some(Mode {
-                key: "redis-sentinel-sync",
-                options: "sync_replicas=1",
-                capabilities: distlock_redis::DESCRIPTOR.capabilities,
-            }),
-        },
-        Backend {
-            descriptor: &distlock_mongo::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_mongo::testing::admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_zk::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_zk::testing::admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_etcd::DESCRIPTOR,
-            admin: Some(|url| Box::pin(distlock_etcd::testing::admin(url))),
-            mode: None,
-        },
-        Backend {
-            descriptor: &distlock_api::MEMORY,
-            admin: None,
-            mode: None,
-        },
-    ]
-}
-
-impl Backend {
-    /// Its key on the command line and in the report: the descriptor's id, or the mode's.
-    pub(crate) fn key(&self) -> &'static str {
-        self.mode.map_or(self.descriptor.id, |m| m.key)
-    }
-
-    /// Which server it talks to: the descriptor's id (a mode's server is its backend's).
-    pub(crate) fn server_key(&self) -> &'static str {
-        self.descriptor.id
-    }
-
-    /// What it promises.
-    pub(crate) fn capabilities(&self) -> Capabilities {
-        self.mode
-            .map_or(self.descriptor.capabilities, |m| m.capabilities)
-    }
-
-    /// Whether each grant has its own lease (else it lives as long as the session or lease).
-    pub(crate) fn per_lock(&self) -> bool {
-        self.capabilities().ttl.kind == LeaseKind::PerLock
-    }
-
-    /// Whether it is Redis through Sentinel (a private topology only).
-    pub(crate) fn sentinel(&self) -> bool {
-        self.key().starts_with("redis-sentinel")
-    }
-
-    /// The shared server's URL (the descriptor's test URL).
-    pub(crate) fn shared_url(&self) -> String {
-        self.descriptor.test_url()
-    }
-
-    /// The lease the campaign's locks get: short, so that runs are short. Session backends
-    /// take theirs from the URL; etcd's leases count in whole seconds and ZooKeeper's session
-    /// must outlast a few of the shared server's 200 ms ticks, so both get 2 s. Through
-    /// Sentinel, 3 s: longer than a failover (1 s down-after period, then the election and
-    /// the promotion), so that a grant a promoted replica missed is still believed when the
-    /// new master hands the name out again (the hazard `sync_replicas` closes).
-    pub(crate) fn ttl(&self) -> Duration {
-        if self.sentinel() {
-            Duration::from_millis(3000)
-        } else if self.per_lock() {
-            Duration::from_millis(1000)
-        } else {
-            Duration::from_millis(2000)
-        }
-    }
-
-    /// `url` with the session settings the campaign needs (and the mode's options).
-    pub(crate) fn with_session(&self, url: &str) -> String {
-        let sep = if url.contains('?') { '&' } else { '?' };
-        match (self.key(), self.mode) {
-            ("zk", _) => format!("{url}{sep}session_timeout_ms={}", self.ttl().as_millis()),
-            ("etcd", _) => format!("{url}{sep}lease_ttl_ms={}", self.ttl().as_millis()),
-            (_, Some(mode)) if !mode.options.is_empty() => format!("{url}{sep}{}", mode.options),
-            _ => url.to_string(),
-        }
-    }
-}
 
 /// A nemesis scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,6 +48,17 @@ pub(crate) enum Scenario {
     /// master's last writes (nftables drops replication for 1 s while clients take locks)
     /// and the master is killed at the end of it: the promoted replica lacks the last grants.
     SentinelFailoverLagging,
+    /// Redis Cluster (private, 3 primaries and 3 replicas): the primary whose slots hold the
+    /// run's names killed (-9) while clients hold and contend; its replica promoted; the old
+    /// primary restarted (it rejoins as a replica).
+    ClusterFailover,
+    /// Redis Cluster: the slots of the run's names migrated to another primary while clients
+    /// hold and contend (`SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE`, `SETSLOT NODE`), and back.
+    ClusterSlotMigration,
+    /// Redis Cluster: the primary whose slots hold the run's names cut off (nftables) from its
+    /// replica and the other primaries, its clients still reaching it; the replica promoted
+    /// after the node timeout; healed.
+    ClusterPrimaryCut,
     /// A private server's clock moved, or one direction of a holder's link cut (`timing.rs`).
     Timing(Timing),
 }
@@ -244,6 +90,9 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
     Scenario::MastersRestartVolatile,
     Scenario::SentinelFailover,
     Scenario::SentinelFailoverLagging,
+    Scenario::ClusterFailover,
+    Scenario::ClusterSlotMigration,
+    Scenario::ClusterPrimaryCut,
     Scenario::Timing(Timing::ClockSkewSmall),
     Scenario::Timing(Timing::ClockStepBack),
     Scenario::Timing(Timing::OneWayToServer),
@@ -283,6 +132,9 @@ impl Scenario {
             Scenario::MastersRestartVolatile => "masters-restart-volatile",
             Scenario::SentinelFailover => "sentinel-failover",
             Scenario::SentinelFailoverLagging => "sentinel-failover-lagging",
+            Scenario::ClusterFailover => "cluster-failover",
+            Scenario::ClusterSlotMigration => "cluster-slot-migration",
+            Scenario::ClusterPrimaryCut => "cluster-primary-cut",
             Scenario::Timing(t) => t.key(),
         }
     }
@@ -370,6 +222,24 @@ impl Scenario {
                  1 s while clients take locks, and the master is killed at its end: the \
                  promoted replica lacks the last grants (healed once a replica is promoted)"
             }
+            Scenario::ClusterFailover => {
+                "Redis Cluster (private: 3 primaries, 3 replicas, 1 s node timeout, each node in a \
+                 namespace; the run's names all in one primary's slots): that primary killed (-9) \
+                 while clients hold and contend, its replica promoted, the old primary restarted \
+                 (it rejoins as a replica)"
+            }
+            Scenario::ClusterSlotMigration => {
+                "Redis Cluster: the slots of the run's names migrated to another primary while \
+                 clients hold and contend (SETSLOT IMPORTING/MIGRATING, MIGRATE of their keys, \
+                 SETSLOT NODE on every primary), and back a lease later: clients follow ASK, \
+                 MOVED and the shard channels' moves"
+            }
+            Scenario::ClusterPrimaryCut => {
+                "Redis Cluster: the primary of the run's names cut off (nftables, in its \
+                 namespace) from its replica and the other primaries while clients still reach \
+                 it; the replica promoted after the node timeout; healed then (the old primary \
+                 rejoins as a replica): grants it made after the cut never reached the new one"
+            }
             Scenario::Timing(t) => t.what(),
         }
     }
@@ -394,8 +264,12 @@ impl Scenario {
             Scenario::MastersDown(_)
             | Scenario::MastersRestart
             | Scenario::MastersRestartVolatile => 5,
-            s if s.clustered() || s.sentinel() => 3,
-            _ => 0,
+            s if s.clustered() => 3,
+            s => match s.topology() {
+                Some(Topology::Sentinel) => 3,
+                Some(Topology::Cluster) => 6,
+                None => 0,
+            },
         }
     }
 
@@ -413,9 +287,9 @@ impl Scenario {
             | Scenario::LeaderCut
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
-            // Of 3 s leases: the failover, then clients on the new master.
-            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => 2,
             Scenario::Timing(t) => t.leases_after(),
+            // Of 3 s leases: the failover (or the migrations), then clients on the new primary.
+            s if s.topology().is_some() => 2,
             _ => 3,
         }
     }
@@ -441,14 +315,6 @@ impl Scenario {
         )
     }
 
-    /// Whether the quick campaign runs it on `backend` (the full campaign runs every cell).
-    pub(crate) fn quick(self, backend: &Backend) -> bool {
-        match self {
-            Scenario::Timing(t) => t.quick(backend),
-            _ => true,
-        }
-    }
-
     /// Whether the scenario runs against a cluster the run starts in network namespaces.
     pub(crate) fn clustered(self) -> bool {
         matches!(
@@ -461,12 +327,29 @@ impl Scenario {
         )
     }
 
-    /// Whether it fails over a private Sentinel topology.
-    pub(crate) fn sentinel(self) -> bool {
-        matches!(
-            self,
-            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging
-        )
+    /// The private Redis topology it faults, if it is one's row.
+    pub(crate) fn topology(self) -> Option<Topology> {
+        match self {
+            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => {
+                Some(Topology::Sentinel)
+            }
+            Scenario::ClusterFailover
+            | Scenario::ClusterSlotMigration
+            | Scenario::ClusterPrimaryCut => Some(Topology::Cluster),
+            _ => None,
+        }
+    }
+
+    /// Whether the quick campaign runs it on `backend` (the full campaign runs every cell). Of
+    /// the cluster rows, only the `redis-cluster-sync` cell, the one that must be clean: a
+    /// cluster cell takes about 15 s (six nodes started and joined, a failover or two
+    /// migrations), and quick mode keeps one per row.
+    pub(crate) fn quick(self, backend: &Backend) -> bool {
+        match self {
+            Scenario::Timing(t) => t.quick(backend),
+            s if s.topology() == Some(Topology::Cluster) => backend.key() != "redis-cluster",
+            _ => true,
+        }
     }
 
     /// Whether it runs on `backend`, or why not.
@@ -478,12 +361,18 @@ impl Scenario {
                         (the conformance suite covers it in one process)",
             );
         }
-        if backend.sentinel() != self.sentinel() {
-            return Err(if backend.sentinel() {
-                "Redis through Sentinel runs on a private topology, in the sentinel-failover \
-                 rows (the single-server faults are the redis rows)"
-            } else {
-                "Redis through Sentinel only"
+        if backend.topology() != self.topology() {
+            return Err(match (backend.topology(), self.topology()) {
+                (Some(Topology::Sentinel), _) => {
+                    "Redis through Sentinel runs on a private topology, in the sentinel-failover \
+                     rows (the single-server faults are the redis rows)"
+                }
+                (Some(Topology::Cluster), _) => {
+                    "Redis Cluster runs on a private cluster, in the cluster rows (the \
+                     single-server faults are the redis rows)"
+                }
+                (None, Some(Topology::Sentinel)) => "Redis through Sentinel only",
+                (None, _) => "Redis Cluster only",
             });
         }
         match self {
@@ -491,6 +380,12 @@ impl Scenario {
                 "the negative control: without sync_replicas the promoted replica hands the \
                  missed grants out again (the documented hazard); the known-defects gate shows \
                  the checker flags it (defect sentinel-lagging-without-sync)",
+            ),
+            Scenario::ClusterPrimaryCut if key == "redis-cluster" => Err(
+                "the negative control: without sync_replicas the cut-off primary's last grants \
+                 never reach the promoted replica, which hands the names out again (the \
+                 documented hazard); the known-defects gate shows the checker flags it (defect \
+                 cluster-cut-without-sync)",
             ),
             Scenario::LeaseShrink if !backend.per_lock() => Err(
                 "grants share the session's lease: there is no per-lock TTL to extend \
@@ -524,40 +419,4 @@ impl Scenario {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn backend(key: &str) -> Backend {
-        backends()
-            .into_iter()
-            .find(|b| b.key() == key)
-            .expect("a backend")
-    }
-
-    #[test]
-    fn sentinel_backends_run_only_the_sentinel_rows_and_the_lagging_one_only_with_sync() {
-        let plain = backend("redis-sentinel");
-        let sync = backend("redis-sentinel-sync");
-        for &s in SCENARIOS {
-            assert_eq!(
-                s.applies(&plain).is_ok(),
-                s == Scenario::SentinelFailover,
-                "{s:?}"
-            );
-            assert_eq!(s.applies(&sync).is_ok(), s.sentinel(), "{s:?}");
-        }
-        assert!(Scenario::SentinelFailover
-            .applies(&backend("redis"))
-            .is_err());
-        assert_eq!(
-            sync.with_session("redis+sentinel://h:26379/m"),
-            "redis+sentinel://h:26379/m?sync_replicas=1"
-        );
-        assert_eq!(
-            plain.with_session("redis+sentinel://h:26379/m"),
-            "redis+sentinel://h:26379/m"
-        );
-        assert_eq!(sync.ttl(), Duration::from_secs(3));
-        assert_eq!(Scenario::SentinelFailoverLagging.members(), 3);
-    }
-}
+mod tests;

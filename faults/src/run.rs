@@ -166,6 +166,8 @@ pub(crate) struct Stage<'a> {
     base_url: &'a str,
     resource: &'a Resource,
     names: &'a [String],
+    /// Every name of the run (locks, semaphore, election).
+    every_name: &'a [String],
     faults: &'a Arc<Mutex<Vec<Fault>>>,
     /// A soak's: every action is noted as in force, and the soak notes the end of each of its
     /// faults (two may overlap, and the checker's fault windows do not nest).
@@ -233,29 +235,36 @@ async fn run_inner(
     let resource = Resource::start()
         .await
         .map_err(|e| format!("cannot start the resource: {e}"))?;
-    let prefix = format!(
-        "faults-{}-{}-{index}-{:08x}-",
-        match shape.nemesis {
-            Nemesis::Once(s) => s.key(),
-            Nemesis::Soak(_) => "soak",
-        },
-        std::process::id(),
-        fastrand::u32(..)
-    );
-    let names: Vec<String> = (0..shape.names).map(|i| format!("{prefix}{i}")).collect();
     // A semaphore and an election beside the locks, where the backend has them: the same
-    // faults hit all three, and the same checker judges them.
+    // faults hit all three, and the same checker judges them. On a Redis Cluster, names are
+    // drawn until all of them are in the slots of the primary the nemesis faults.
     let caps = backend.capabilities();
-    let sem_names: Vec<String> = caps
-        .semaphore
-        .then(|| format!("{prefix}sem"))
-        .into_iter()
-        .collect();
-    let elect_names: Vec<String> = caps
-        .election
-        .then(|| format!("{prefix}elect"))
-        .into_iter()
-        .collect();
+    let (prefix, names, sem_names, elect_names, every_name) = loop {
+        let prefix = format!(
+            "faults-{}-{}-{index}-{:08x}-",
+            match shape.nemesis {
+                Nemesis::Once(s) => s.key(),
+                Nemesis::Soak(_) => "soak",
+            },
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let names: Vec<String> = (0..shape.names).map(|i| format!("{prefix}{i}")).collect();
+        let sem: Vec<String> = caps
+            .semaphore
+            .then(|| format!("{prefix}sem"))
+            .into_iter()
+            .collect();
+        let elect: Vec<String> = caps
+            .election
+            .then(|| format!("{prefix}elect"))
+            .into_iter()
+            .collect();
+        let every: Vec<String> = names.iter().chain(&sem).chain(&elect).cloned().collect();
+        if server.as_ref().is_none_or(|d| d.keeps_together(&every)) {
+            break (prefix, names, sem, elect, every);
+        }
+    };
     let proxied = shape.proxied;
     let (lead, run_for) = (shape.lead, shape.run_for);
     let mut routes = Vec::new();
@@ -315,6 +324,7 @@ async fn run_inner(
         base_url: &base_url,
         resource: &resource,
         names: &names,
+        every_name: &every_name,
         faults: &faults,
         deferred: matches!(shape.nemesis, Nemesis::Soak(_)),
     };
@@ -366,12 +376,6 @@ async fn run_inner(
     let run_end = clock::now();
     drop(routes);
 
-    let every_name: Vec<String> = names
-        .iter()
-        .chain(&sem_names)
-        .chain(&elect_names)
-        .cloned()
-        .collect();
     let residue = residue(backend, &base_url, &prefix, &every_name, ttl).await;
     let faults = faults.lock().expect("faults").clone();
     let recs = crate::history::read_dir(dir)?;

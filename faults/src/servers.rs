@@ -22,6 +22,8 @@
 //! PostgreSQL is a postmaster and one process per connection, and a pause or a kill must reach
 //! them all.
 
+mod cli;
+mod cluster;
 mod faked_clock;
 mod launch;
 mod nemesis;
@@ -37,10 +39,12 @@ use std::process::Child;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub(crate) use nemesis::Note;
 use net::ip;
-pub(crate) use sentinel::Note;
 use sweep::remove_dir;
 pub(crate) use sweep::sweep_stale;
+
+use crate::matrix::{Scenario, Topology};
 
 /// How long a start may take before it counts as failed: JVMs and MariaDB on a loaded
 /// 2-core machine.
@@ -83,6 +87,17 @@ impl Kind {
     }
 }
 
+/// How Redis members run (the other kinds always keep their data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RedisMode {
+    /// An fsync-always append-only file: a kill -9 and restart keeps every acknowledged write.
+    Durable,
+    /// No persistence: a restart starts empty.
+    Volatile,
+    /// Durable, and a Redis Cluster node (`cluster-enabled yes`; see `cluster.rs`).
+    Cluster,
+}
+
 /// One member: a server process in its namespace.
 struct Member {
     ns: String,
@@ -99,8 +114,8 @@ pub(crate) struct Deployment {
     bridge: String,
     members: Vec<Member>,
     dir: PathBuf,
-    /// Redis only: no append-only file, so a restart starts empty.
-    volatile: bool,
+    /// Redis only: how its members run.
+    redis: RedisMode,
     /// Redis through Sentinel: a sentinel in each member's namespace (see `sentinel.rs`).
     sentinels: Vec<Child>,
     /// The libfaketime timestamp file the members' clocks follow (see `faked_clock.rs`).
@@ -110,19 +125,46 @@ pub(crate) struct Deployment {
 }
 
 impl Deployment {
-    /// Starts `n` members of `kind` (a cluster for etcd and ZooKeeper, independent masters for
-    /// Redis) and waits until every one serves; the error says why not.
-    /// A `volatile` Redis keeps no append-only file (other kinds always persist).
-    pub(crate) async fn start(kind: Kind, n: usize, volatile: bool) -> Result<Self, String> {
-        Self::start_clocked(kind, n, volatile, None).await
+    /// The deployment `scenario` faults: a Sentinel topology or a Redis Cluster for their rows,
+    /// else `scenario.members()` members of `kind` (Redis without persistence for the volatile
+    /// restarts; the member's wall clock under libfaketime for the clock rows).
+    pub(crate) async fn start_for(kind: Kind, scenario: Scenario) -> Result<Self, String> {
+        let n = scenario.members();
+        match scenario.topology() {
+            Some(Topology::Sentinel) => Self::start_sentinel(n).await,
+            Some(Topology::Cluster) => Self::start_cluster(n).await,
+            None => {
+                let volatile = matches!(
+                    scenario,
+                    Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
+                );
+                let redis = if volatile {
+                    RedisMode::Volatile
+                } else {
+                    RedisMode::Durable
+                };
+                let clock = match scenario {
+                    Scenario::Timing(t) if t.clock() => Some(t.initial_clock()),
+                    _ => None,
+                };
+                Self::start_clocked(kind, n, redis, clock).await
+            }
+        }
+    }
+
+    /// Starts `n` members of `kind` (a cluster for etcd and ZooKeeper, independent masters or
+    /// not yet joined cluster nodes for Redis, as `redis` says) and waits until every one
+    /// serves; the error says why not.
+    async fn start(kind: Kind, n: usize, redis: RedisMode) -> Result<Self, String> {
+        Self::start_clocked(kind, n, redis, None).await
     }
 
     /// As [`start`](Self::start), with the members' wall clocks under libfaketime from
     /// `clock`, the timestamp file's first content, when given.
-    pub(crate) async fn start_clocked(
+    async fn start_clocked(
         kind: Kind,
         n: usize,
-        volatile: bool,
+        redis: RedisMode,
         clock: Option<String>,
     ) -> Result<Self, String> {
         static RUNS: AtomicU32 = AtomicU32::new(0);
@@ -133,7 +175,10 @@ impl Deployment {
         for _ in 0..200 {
             subnet = (pid + RUNS.fetch_add(1, Ordering::Relaxed)) % 200 + 20;
             bridge = format!("dlf{subnet}");
-            if ip(&["link", "add", &bridge, "type", "bridge"]).is_ok() {
+            // A deleted namespace's link can outlive it for a while (seen beside other
+            // campaigns): its subnet counts as taken.
+            let stale = ip(&["link", "show", &format!("dlf{subnet}v0")]).is_ok();
+            if !stale && ip(&["link", "add", &bridge, "type", "bridge"]).is_ok() {
                 break;
             }
             bridge.clear();
@@ -148,7 +193,7 @@ impl Deployment {
             bridge: bridge.clone(),
             members: Vec::new(),
             dir,
-            volatile,
+            redis,
             sentinels: Vec::new(),
             clock: None,
             one_way: false,
@@ -245,6 +290,7 @@ impl Deployment {
         let hosts = hosts.join(",");
         match self.kind {
             Kind::Redis if !self.sentinels.is_empty() => self.sentinel_url(),
+            Kind::Redis if self.redis == RedisMode::Cluster => format!("redis+cluster://{hosts}"),
             Kind::Redis if self.members.len() > 1 => format!("redlock://{hosts}"),
             Kind::Redis => format!("redis://{hosts}"),
             Kind::Etcd => format!("etcd://{hosts}"),

@@ -309,10 +309,13 @@ pub(super) async fn an_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
     }
     link.heal();
     let started = Instant::now();
-    let g = other
-        .lock(&name, Duration::from_secs(30))
-        .await
-        .expect("the lost acquire's hold was never given back");
+    let g = match other.lock(&name, Duration::from_secs(30)).await {
+        Ok(g) => g,
+        Err(e) => panic!(
+            "the lost acquire's hold was never given back ({e}); {}",
+            why_not_given_back(&c, &other, &name).await
+        ),
+    };
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "given back after {:?}",
@@ -322,6 +325,32 @@ pub(super) async fn an_acquire_whose_reply_is_lost_is_given_back(cx: Ctx) {
     assert!(g.release().await.unwrap());
     // Settled in the background: every master, row or key is clean again, in time.
     cx.until_nothing_is_left(Duration::from_secs(30)).await;
+}
+
+/// What a failed give-back case knows when it fails: who holds the name now (read by the
+/// other client) and whether the client that lost the answer reaches the server again (the
+/// give-back runs on it). Only for the failure message.
+async fn why_not_given_back(
+    lost: &Arc<dyn DistributedLock>,
+    other: &Arc<dyn DistributedLock>,
+    name: &str,
+) -> String {
+    let held = match other.holder(name).await {
+        Ok(Some(i)) => format!(
+            "held by {} ({} holds, token {:?}, {:?} left)",
+            i.owner, i.hold_count, i.token, i.remaining
+        ),
+        Ok(None) => "free now (so the waiter missed its release)".to_string(),
+        Err(e) => format!("holder() failed: {e}"),
+    };
+    // A name nobody locks: the read only shows whether the client works.
+    let probe = format!("{name}-probe");
+    let reach = match tokio::time::timeout(Duration::from_secs(10), lost.holder(&probe)).await {
+        Ok(Ok(_)) => "the client that lost the answer reaches the server".to_string(),
+        Ok(Err(e)) => format!("the client that lost the answer still fails: {e}"),
+        Err(_) => "the client that lost the answer got no answer within 10 s".to_string(),
+    };
+    format!("{held}; {reach}")
 }
 
 /// Like [`an_acquire_whose_reply_is_lost_is_given_back`], with an explicit owner: its hold is
@@ -341,10 +370,13 @@ pub(super) async fn an_explicit_owners_acquire_whose_reply_is_lost_is_given_back
         .expect_err("granted without an answer from the server");
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     link.heal();
-    let g = other
-        .lock(&name, Duration::from_secs(30))
-        .await
-        .expect("the explicit owner's lost acquire was never given back");
+    let g = match other.lock(&name, Duration::from_secs(30)).await {
+        Ok(g) => g,
+        Err(e) => panic!(
+            "the explicit owner's lost acquire was never given back ({e}); {}",
+            why_not_given_back(&c, &other, &name).await
+        ),
+    };
     assert_eq!(holder_of(&other, &name).await.as_ref(), Some(g.owner()));
     assert!(g.release().await.unwrap());
     // Settled in the background: every master, row or key is clean again, in time.

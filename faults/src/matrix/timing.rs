@@ -193,7 +193,10 @@ mod tests {
         assert!(skew.applies(&redis).unwrap_err().contains("jemalloc"));
         for s in [skew, back, forward] {
             assert_eq!(s.members(), 1, "{s:?}");
-            assert!(!s.proxied() && !s.clustered() && !s.sentinel(), "{s:?}");
+            assert!(
+                !s.proxied() && !s.clustered() && s.topology().is_none(),
+                "{s:?}"
+            );
         }
     }
 

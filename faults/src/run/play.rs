@@ -256,6 +256,14 @@ pub(crate) async fn play(
             let lagging = scenario == Scenario::SentinelFailoverLagging;
             undo_error = d.failover(lagging, &note).await?;
         }
+        Scenario::ClusterFailover
+        | Scenario::ClusterSlotMigration
+        | Scenario::ClusterPrimaryCut => {
+            let d = server.as_mut().ok_or("no private Redis Cluster")?;
+            undo_error = d
+                .cluster_fault(scenario, stage.every_name, ttl, &note)
+                .await?;
+        }
         Scenario::Timing(t) => {
             let d = server.as_mut().ok_or("no private server")?;
             // A one-way cut hits one holder; a clock move hits every holder at once.

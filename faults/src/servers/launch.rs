@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{Deployment, Kind, START_BOUND};
+use super::cluster::NODE_TIMEOUT_MS;
+use super::{Deployment, Kind, RedisMode, START_BOUND};
 
 impl Deployment {
     /// Writes what a member needs before its first start (configuration, an initialised
@@ -101,13 +102,22 @@ impl Deployment {
                     "--save",
                     "",
                 ])
-                .args(if self.volatile {
+                .args(if self.redis == RedisMode::Volatile {
                     ["--appendonly", "no", "--appendfsync", "no"]
                 } else {
                     ["--appendonly", "yes", "--appendfsync", "always"]
                 })
                 .args(["--protected-mode", "no", "--dir"])
                 .arg(&data);
+                if self.redis == RedisMode::Cluster {
+                    // In the data directory: a restart finds its node id, epochs and peers.
+                    // A rejoining replica is sent its full copy at once (not after the 5 s a
+                    // primary waits by default for more replicas to share one transfer).
+                    cmd.args(["--cluster-enabled", "yes"])
+                        .args(["--cluster-config-file", "nodes.conf"])
+                        .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+                        .args(["--repl-diskless-sync-delay", "0"]);
+                }
             }
             Kind::Etcd => {
                 let bin = std::env::var("DISTLOCK_ETCD_BIN").unwrap_or_else(|_| "etcd".into());

@@ -6,6 +6,12 @@ use std::time::Duration;
 use super::net::nft;
 use super::Deployment;
 
+/// What the nemesis notes: what, a killed client, whether it ends a fault, a deleted name.
+pub(crate) type Note<'a> = &'a dyn Fn(String, Option<u32>, bool, Option<String>);
+
+/// How long a replica's promotion may take before a failover counts as failed.
+pub(super) const PROMOTION_BOUND: Duration = Duration::from_secs(30);
+
 impl Deployment {
     /// SIGSTOP member `i`: it accepts connections but answers nothing, and its timers stop.
     pub(crate) fn pause(&mut self, i: usize) -> Result<(), String> {
@@ -43,6 +49,20 @@ impl Deployment {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         Err(last)
+    }
+
+    /// A second after a failover, restarts the old primary `i` on its data (it comes back as a
+    /// replica); notes `what` (a fault's end) whether or not it came back.
+    pub(super) async fn rejoin(
+        &mut self,
+        i: usize,
+        what: &str,
+        note: Note<'_>,
+    ) -> Result<(), String> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let restarted = self.restart(i).await;
+        note(what.into(), None, true, None);
+        restarted.map_err(|e| format!("the old primary (member {i}) did not come back: {e}"))
     }
 
     /// Cuts member `i` off from its peers (both ways), leaving its clients connected.

@@ -7,9 +7,10 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::cli::{cli, cli_ok, poll};
+use super::nemesis::PROMOTION_BOUND;
 use super::net::nft;
-use super::{Deployment, Kind, START_BOUND};
-use crate::matrix::Scenario;
+use super::{Deployment, Kind, Note, RedisMode, START_BOUND};
 
 /// The name the sentinels monitor the master under.
 const MASTER_NAME: &str = "distlock-faults";
@@ -23,53 +24,25 @@ const LAG: Duration = Duration::from_millis(1000);
 /// lease of a grant the master made just before it died.
 const DOWN_AFTER_MS: u64 = 500;
 
-/// What the nemesis notes: what, a killed client, whether it ends a fault, a deleted name.
-pub(crate) type Note<'a> = &'a dyn Fn(String, Option<u32>, bool, Option<String>);
-
 impl Deployment {
-    /// The deployment `scenario` faults: a Sentinel topology for the sentinel-failover rows,
-    /// else `scenario.members()` members of `kind` (Redis without persistence for the
-    /// volatile restarts; the member's wall clock under libfaketime for the clock rows).
-    pub(crate) async fn start_for(kind: Kind, scenario: Scenario) -> Result<Self, String> {
-        if scenario.sentinel() {
-            return Self::start_sentinel(scenario.members()).await;
-        }
-        let volatile = matches!(
-            scenario,
-            Scenario::ServerRestartVolatile | Scenario::MastersRestartVolatile
-        );
-        let clock = match scenario {
-            Scenario::Timing(t) if t.clock() => Some(t.initial_clock()),
-            _ => None,
-        };
-        Self::start_clocked(kind, scenario.members(), volatile, clock).await
-    }
-
     /// Member 0 the master (fsync-always append-only file), the others its replicas, and a
     /// sentinel beside each; returns once the replicas are in sync and every sentinel knows
     /// both replicas and the two other sentinels.
-    async fn start_sentinel(n: usize) -> Result<Self, String> {
-        let mut d = Self::start(Kind::Redis, n, false).await?;
+    pub(super) async fn start_sentinel(n: usize) -> Result<Self, String> {
+        let mut d = Self::start(Kind::Redis, n, RedisMode::Durable).await?;
         let master = d.members[0].ip.clone();
-        for (i, m) in d.members.iter().enumerate().skip(1) {
-            let got = cli(&m.ip, 6379, &["REPLICAOF", &master, "6379"]).await?;
-            if !got.starts_with("OK") {
-                return Err(format!("REPLICAOF on member {i}: {got}"));
-            }
+        for m in &d.members[1..] {
+            cli_ok(&m.ip, 6379, &["REPLICAOF", &master, "6379"]).await?;
         }
-        let deadline = Instant::now() + START_BOUND;
-        loop {
-            let info = cli(&master, 6379, &["INFO", "replication"])
-                .await
-                .unwrap_or_default();
+        poll(START_BOUND, "the replicas did not sync", async || {
+            let info = cli(&master, 6379, &["INFO", "replication"]).await?;
             if info.matches("state=online").count() == n - 1 {
-                break;
+                Ok(())
+            } else {
+                Err(info)
             }
-            if Instant::now() > deadline {
-                return Err(format!("the replicas did not sync: {info}"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await?;
         let mut sentinels = Vec::new();
         for m in &d.members {
             let conf = m.dir.join("sentinel.conf");
@@ -101,10 +74,9 @@ impl Deployment {
         }
         d.sentinels = sentinels;
         for (i, m) in d.members.iter().enumerate() {
-            loop {
-                let got = cli(&m.ip, SENTINEL_PORT, &["SENTINEL", "MASTER", MASTER_NAME])
-                    .await
-                    .unwrap_or_default();
+            let what = format!("sentinel {i} was not ready");
+            poll(START_BOUND, &what, async || {
+                let got = cli(&m.ip, SENTINEL_PORT, &["SENTINEL", "MASTER", MASTER_NAME]).await?;
                 let field = |f: &str| {
                     let lines: Vec<&str> = got.lines().collect();
                     let at = lines.iter().position(|l| *l == f)?;
@@ -112,13 +84,12 @@ impl Deployment {
                 };
                 if field("num-slaves") == Some(n - 1) && field("num-other-sentinels") == Some(n - 1)
                 {
-                    break;
+                    Ok(())
+                } else {
+                    Err(got)
                 }
-                if Instant::now() > deadline + START_BOUND {
-                    return Err(format!("sentinel {i} not ready: {got}"));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            })
+            .await?;
         }
         Ok(d)
     }
@@ -167,24 +138,22 @@ impl Deployment {
         note("SIGKILL master (member 0)".into(), None, false, None);
         let killed = Instant::now();
         // Asked of member 1's sentinel, which the replication cut leaves among the majority.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let promoted = loop {
+        let sentinel = &self.members[1].ip;
+        let promoted = poll(PROMOTION_BOUND, "no replica promoted", async || {
             let got = cli(
-                &self.members[1].ip,
+                sentinel,
                 SENTINEL_PORT,
                 &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
             )
-            .await
-            .unwrap_or_default();
+            .await?;
             let now = got.lines().next().unwrap_or("").to_string();
             if !now.is_empty() && now != master {
-                break Ok(now);
+                Ok(now)
+            } else {
+                Err(got)
             }
-            if Instant::now() > deadline {
-                break Err("no replica promoted within 30 s of the kill".to_string());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        })
+        .await;
         if lagging {
             for m in &self.members[1..] {
                 if let Err(e) = nft(&m.ns, "delete table inet distlock_lag\n") {
@@ -203,32 +172,12 @@ impl Deployment {
             true,
             None,
         );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let restarted = self.restart(0).await;
-        note(
-            "old master restarted (Sentinel makes it a replica)".into(),
-            None,
-            true,
-            None,
-        );
-        restarted.map_err(|e| format!("the old master did not come back: {e}"))?;
+        self.rejoin(
+            0,
+            "old master restarted (Sentinel makes it a replica)",
+            note,
+        )
+        .await?;
         Ok(undo)
     }
-}
-
-/// `redis-cli` against `host:port`: its output, or why not (2 s at most).
-async fn cli(host: &str, port: u16, args: &[&str]) -> Result<String, String> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::process::Command::new("redis-cli")
-            .args(["-h", host, "-p", &port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| format!("redis-cli {host}:{port} {args:?}: no answer in 2 s"))?
-    .map_err(|e| format!("cannot run redis-cli: {e}"))?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
