@@ -140,7 +140,7 @@ struct SoakResult {
     pool: Vec<&'static str>,
     drawn: BTreeMap<&'static str, usize>,
     /// The peak resident memory of the runner after the check, in MiB (the checker holds the
-    /// whole history).
+    /// whole history): the process's peak so far, so a soak after a larger one shows that one's.
     peak_rss_mib: Option<f64>,
     run: Option<RunResult>,
 }
@@ -321,7 +321,7 @@ fn write_report(
         md,
         "| backend | names | processes × tasks | faults (two at once) | grants | violations | \
          fenced off | zombie writes (fenced) | excused lost counter updates | unrecovered | worst recovery (ms) | residue | \
-         records | check (s) | peak RSS (MiB) |"
+         records | check (s) | peak RSS so far (MiB) |"
     );
     let _ = writeln!(
         md,
