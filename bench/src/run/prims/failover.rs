@@ -25,11 +25,18 @@ pub(super) const OBSERVE_EVERY: Duration = Duration::from_millis(10);
 /// How long the second campaigner (or the peer's follower) has to queue before the kill.
 const SETTLE: Duration = Duration::from_millis(300);
 
-/// [`SETTLE`] and a random part of a third of the lease, so that the kill lands at a random
-/// point of the leader's renewal period (renewals come every third of the lease) rather than
-/// at the same point of every sample.
+/// [`SETTLE`] and a random part of the whole lease, so that the kill lands at a uniformly
+/// random point of the leader's renewal period rather than at the same point of every sample.
+///
+/// The window is the lease, not a third of it: implementations renew at different periods
+/// (distlock every third of the lease; etcd's Go client, whose keep-alive loop wakes every
+/// 500 ms and sends once a third of the TTL has passed since the last answer, every 1 s with a
+/// 2 s lease), and the lease is a multiple of each. A window of a third of the lease (as
+/// before) only covered two thirds of the Go client's period, always starting at about the same
+/// point after its keep-alive, so its leaders died with about 650 ms of their lease spent on
+/// average instead of 500 ms, which flattered its failover by about 150 ms (issue 42).
 pub(super) fn settle(lease: Duration) -> Duration {
-    SETTLE + (lease / 3).mul_f64(fastrand::f64())
+    SETTLE + lease.mul_f64(fastrand::f64())
 }
 
 /// The `--lead KIND NAME VALUE TTL_MS` process: campaign, print `leading EPOCH`, and hold
@@ -146,4 +153,25 @@ async fn once(target: &dyn Target, lease: Duration) -> Res<(Duration, Duration)>
     }
     leadership.resign().await?;
     Ok((seen, won_at - killed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kill_lands_anywhere_in_the_lease_not_only_its_first_third() {
+        let lease = Duration::from_secs(2);
+        let draws: Vec<Duration> = (0..1000).map(|_| settle(lease) - SETTLE).collect();
+        assert!(draws.iter().all(|d| *d < lease), "beyond the lease");
+        // A renewal period of 1 s (etcd's Go client with a 2 s lease) must be covered whole:
+        // kills in its second half, and in the lease's last third. 1000 uniform draws miss
+        // either with a probability of about 1e-176.
+        for (lo, hi) in [(lease / 2, lease), (lease * 2 / 3, lease)] {
+            assert!(
+                draws.iter().any(|d| (lo..hi).contains(d)),
+                "no kill in {lo:?}..{hi:?} of the lease"
+            );
+        }
+    }
 }
