@@ -159,7 +159,7 @@ impl Shape<'_> {
     }
 }
 
-/// What the nemesis acts on, for [`play`].
+/// What the nemesis acts on, for [`play()`].
 pub(crate) struct Stage<'a> {
     pub(crate) backend: &'a Backend,
     pub(crate) ttl: Duration,

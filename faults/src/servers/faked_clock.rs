@@ -77,7 +77,7 @@ fn unix_us(t: SystemTime) -> i64 {
 }
 
 impl Deployment {
-    /// Sets member 0's clock to `spec` (see [`write`]); an error if the server was not
+    /// Sets member 0's clock to `spec` (see [`write()`]); an error if the server was not
     /// started under a faked clock.
     pub(crate) fn set_clock(&self, spec: &str) -> Result<(), String> {
         let path = self
