@@ -22,11 +22,15 @@ use crate::matrix::{Backend, Scenario};
 use crate::resource::Resource;
 use crate::servers::{Deployment, Kind};
 
+mod drawn;
+mod phases;
 mod play;
 mod residue;
 mod stage;
 mod timing;
 
+pub(crate) use drawn::Plan;
+pub(crate) use phases::{phases, Phases, WITHIN_NS};
 pub(crate) use play::play;
 use stage::spawn_client;
 
@@ -59,7 +63,7 @@ pub(crate) struct RunResult {
     pub(crate) history_recs: usize,
     /// A soak's phase coverage: where in the clients' cycles its faults landed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) phases: Option<crate::soak::Phases>,
+    pub(crate) phases: Option<Phases>,
 }
 
 /// Where a client process's connection goes: the proxies of one client, one per server.
@@ -106,8 +110,8 @@ pub(crate) struct Shape<'a> {
 pub(crate) enum Nemesis<'a> {
     /// One scenario's fault, once, after the lead.
     Once(Scenario),
-    /// A soak's: faults drawn from a pool until the end (`soak/nemesis.rs`).
-    Soak(&'a crate::soak::Plan),
+    /// A soak's: faults drawn from a pool until the end (`run/drawn.rs`).
+    Soak(&'a Plan),
 }
 
 impl Shape<'_> {
@@ -334,7 +338,7 @@ async fn run_inner(
         Nemesis::Once(s) => play(s, &stage, &mut server, target, &mut clients, &routes).await?,
         Nemesis::Soak(plan) => {
             let end = t0 + run_for;
-            crate::soak::nemesis(plan, &stage, &mut server, &mut clients, &routes, end).await?
+            drawn::nemesis(plan, &stage, &mut server, &mut clients, &routes, end).await?
         }
     };
     let note =
@@ -383,7 +387,7 @@ async fn run_inner(
     let checked = checker::check(&recs, &faults, &resource.snapshot(), run_end, shape.expect);
     let check_s = checking.elapsed().as_secs_f64();
     let phases = matches!(shape.nemesis, Nemesis::Soak(_))
-        .then(|| crate::soak::phases(&recs, &faults, backend.per_lock()));
+        .then(|| phases(&recs, &faults, backend.per_lock()));
     let history_recs = recs.len();
     drop(recs);
     drop(server);

@@ -18,13 +18,7 @@ use serde::Serialize;
 use crate::checker::Expect;
 use crate::clock;
 use crate::matrix::{Backend, Scenario, SCENARIOS};
-use crate::run::{self, Nemesis, RunResult, Shape};
-
-mod nemesis;
-mod phases;
-
-pub(crate) use nemesis::nemesis;
-pub(crate) use phases::{phases, Phases};
+use crate::run::{self, Nemesis, Plan, RunResult, Shape};
 
 /// The shortest soak: a lead, a few faults and the tail in which no fault starts.
 const SHORTEST: Duration = Duration::from_secs(60);
@@ -61,14 +55,6 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(bad());
     }
     Ok(d)
-}
-
-/// What a soak of one backend plays.
-pub(crate) struct Plan {
-    /// The faults to draw from.
-    pub(crate) pool: Vec<Scenario>,
-    /// How often each was drawn (and how often two were played at once).
-    drawn: Mutex<BTreeMap<&'static str, usize>>,
 }
 
 /// The private deployment a soak of `backend` runs on, as the scenario that starts it: one
@@ -288,7 +274,7 @@ fn write_report(
         "length_s": length.as_secs(),
         "wall_s": wall.as_secs_f64(),
         "skipped": skipped,
-        "within_ms": phases::WITHIN_NS / 1_000_000,
+        "within_ms": run::WITHIN_NS / 1_000_000,
         "soaks": results,
     });
     let path = out.join("soak.json");
@@ -306,7 +292,7 @@ fn write_report(
          TTL/3 after the grant: the history does not record them).\n",
         length.as_secs(),
         wall.as_secs_f64(),
-        phases::WITHIN_NS / 1_000_000
+        run::WITHIN_NS / 1_000_000
     );
     let _ = writeln!(
         md,
@@ -363,7 +349,7 @@ fn write_report(
     let _ = writeln!(
         md,
         "Actions within {} ms of each kind of event, and how many such events the history holds.\n",
-        phases::WITHIN_NS / 1_000_000
+        run::WITHIN_NS / 1_000_000
     );
     let _ = writeln!(
         md,
@@ -550,7 +536,7 @@ mod tests {
         );
         let check_s = started.elapsed().as_secs_f64();
         let started = Instant::now();
-        let p = phases(&recs, &[], true);
+        let p = run::phases(&recs, &[], true);
         eprintln!(
             "{} records ({times} × {}): checked in {check_s:.2} s ({} grants, {} violations), \
              phases in {:.2} s ({} renewals); peak RSS {:.0} MiB",

@@ -1,13 +1,22 @@
 //! A soak's nemesis: a fault drawn from the plan's pool every 3 to 10 s, sometimes one on the
 //! clients and one on the server at once, each played by the campaign's own fault actions
-//! ([`run::play`]); a killed client is replaced, so that the load stays.
+//! ([`play()`]); a killed client is replaced, so that the load stays.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::Plan;
+use super::{play, Clients, Route, Stage};
 use crate::matrix::Scenario;
-use crate::run::{self, Clients, Route, Stage};
 use crate::servers::Deployment;
+
+/// What a soak of one backend plays (made by `soak.rs`).
+pub(crate) struct Plan {
+    /// The faults to draw from.
+    pub(crate) pool: Vec<Scenario>,
+    /// How often each was drawn (and how often two were played at once).
+    pub(crate) drawn: Mutex<BTreeMap<&'static str, usize>>,
+}
 
 /// How long before the end no new fault starts: room for the last one's aftermath (a
 /// restarted member catching up, leases running out) before the clients stop.
@@ -38,14 +47,14 @@ pub(crate) async fn nemesis(
         let started = Instant::now();
         let (a, b) = plan.draw(&mut rng);
         let played = match b {
-            None => run::play(a, stage, server, None, clients, routes).await,
+            None => play(a, stage, server, None, clients, routes).await,
             Some(b) => {
                 // One on the clients, one on the server: disjoint, so both borrow what they act on.
                 let mut no_server = None;
                 let mut no_clients = Clients::default();
                 let (ra, rb) = tokio::join!(
-                    run::play(a, stage, &mut no_server, None, clients, routes),
-                    run::play(b, stage, server, None, &mut no_clients, routes),
+                    play(a, stage, &mut no_server, None, clients, routes),
+                    play(b, stage, server, None, &mut no_clients, routes),
                 );
                 match (ra, rb) {
                     (Ok(x), Ok(y)) => Ok(x.into_iter().chain(y).reduce(|x, y| x + "; " + &y)),
