@@ -28,9 +28,13 @@ impl Admin for MysqlLock {
         Ok(())
     }
 
-    /// Lock-table rows and permit rows of names starting with `prefix`, expired or not: a row
-    /// is removed by its release, or by the sweeper once expired.
+    /// Lock-table rows and permit rows of names starting with `prefix` that a sweep leaves: a
+    /// row is removed by its release, or by the sweeper once expired, so this sweeps first (as
+    /// the background sweeper would, whenever it next runs). An expired row is no leak: a
+    /// semaphore's marker, for one, outlives a last permit that expired instead of being
+    /// released until the next grant of its name or the next sweep.
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
+        self.sweep_now().await?;
         let (pool, [locks, permits]) = self.admin_parts();
         let mut left = Vec::new();
         for (table, what) in [(locks, "lock row"), (permits, "permit row")] {

@@ -38,9 +38,11 @@ impl Admin for PostgresLock {
         Ok(())
     }
 
-    /// Rows of names starting with `prefix`, expired or stale or not: a row is removed by
-    /// its release, or by the sweeper once expired (or once its session is gone).
+    /// Rows of names starting with `prefix` that a sweep leaves: a row is removed by its
+    /// release, or by the sweeper once expired (or once its session is gone), so this sweeps
+    /// first (as the background sweeper would, whenever it next runs).
     async fn leftovers(&self, prefix: &str) -> Result<Vec<String>> {
+        self.sweep_now().await?;
         let (pool, [locks, permits], advisory, _) = self.admin_parts();
         let mut tables = vec![
             ("lock row", locks.to_string()),

@@ -11,14 +11,25 @@ fn backend(key: &str) -> Backend {
         .expect("a backend")
 }
 
-/// The rows a backend of `topology` runs: its topology's, but the negative control's only with
-/// `sync_replicas` (without it, that row is a known defect).
-fn assert_topology_rows(topology: Topology, plain: &str, sync: &str, control: Scenario) {
+/// The rows a backend of `topology` runs: its topology's, but the failover and the negative
+/// control only with `sync_replicas` (without it, a failover may lose a grant: the documented
+/// hazard, which the negative control's known defect shows).
+fn assert_topology_rows(
+    topology: Topology,
+    plain: &str,
+    sync: &str,
+    failover: Scenario,
+    control: Scenario,
+) {
     let plain = backend(plain);
     let sync = backend(sync);
     for &s in SCENARIOS {
         let mine = s.topology() == Some(topology);
-        assert_eq!(s.applies(&plain).is_ok(), mine && s != control, "{s:?}");
+        assert_eq!(
+            s.applies(&plain).is_ok(),
+            mine && s != control && s != failover,
+            "{s:?}"
+        );
         assert_eq!(s.applies(&sync).is_ok(), mine, "{s:?}");
         if mine {
             assert!(s.applies(&backend("redis")).is_err(), "{s:?}");
@@ -30,11 +41,12 @@ fn assert_topology_rows(topology: Topology, plain: &str, sync: &str, control: Sc
 }
 
 #[test]
-fn sentinel_backends_run_only_the_sentinel_rows_and_the_lagging_one_only_with_sync() {
+fn sentinel_backends_run_only_the_sentinel_rows_and_failovers_only_with_sync() {
     assert_topology_rows(
         Topology::Sentinel,
         "redis-sentinel",
         "redis-sentinel-sync",
+        Scenario::SentinelFailover,
         Scenario::SentinelFailoverLagging,
     );
     let plain = backend("redis-sentinel");
@@ -51,11 +63,12 @@ fn sentinel_backends_run_only_the_sentinel_rows_and_the_lagging_one_only_with_sy
 }
 
 #[test]
-fn cluster_backends_run_only_the_cluster_rows_and_the_cut_one_only_with_sync() {
+fn cluster_backends_run_only_the_cluster_rows_and_failovers_only_with_sync() {
     assert_topology_rows(
         Topology::Cluster,
         "redis-cluster",
         "redis-cluster-sync",
+        Scenario::ClusterFailover,
         Scenario::ClusterPrimaryCut,
     );
     let sync = backend("redis-cluster-sync");
@@ -93,5 +106,5 @@ fn quick_mode_keeps_one_cell_per_cluster_row() {
         assert!(!s.quick(&backend("redis-cluster")), "{s:?}");
         assert!(s.applies(&backend("redis-cluster-sync")).is_ok(), "{s:?}");
     }
-    assert!(Scenario::SentinelFailover.quick(&backend("redis-sentinel")));
+    assert!(Scenario::SentinelFailover.quick(&backend("redis-sentinel-sync")));
 }
