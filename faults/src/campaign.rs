@@ -87,22 +87,8 @@ impl Options {
                         .map(|k| Scenario::parse(k).ok_or(format!("unknown scenario {k:?}")))
                         .collect::<Result<_, _>>()?;
                 }
-                "--runs" => {
-                    let v = value()?;
-                    o.runs = v
-                        .parse()
-                        .ok()
-                        .filter(|&n| (1..=1000).contains(&n))
-                        .ok_or(format!("--runs takes 1..=1000, not {v:?}"))?;
-                }
-                "--jobs" => {
-                    let v = value()?;
-                    o.jobs = v
-                        .parse()
-                        .ok()
-                        .filter(|&n| (1..=4).contains(&n))
-                        .ok_or(format!("--jobs takes 1..=4, not {v:?}"))?;
-                }
+                "--runs" => o.runs = count(a, &value()?, 1000)?,
+                "--jobs" => o.jobs = count(a, &value()?, 4)?,
                 "--out" => o.out = PathBuf::from(value()?),
                 "--soak" => o.soak = Some(crate::soak::parse_duration(&value()?)?),
                 "--skip" => {
@@ -136,6 +122,14 @@ impl Options {
         }
         Ok(o)
     }
+}
+
+/// `v` as a count of 1 to `max`, or why not (`flag` names the option).
+fn count(flag: &str, v: &str, max: usize) -> Result<usize, String> {
+    v.parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or(format!("{flag} takes 1..={max}, not {v:?}"))
 }
 
 /// Set, the histories of clean runs are kept too (to study a run that passed).

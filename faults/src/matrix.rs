@@ -376,28 +376,22 @@ impl Scenario {
             });
         }
         match self {
-            Scenario::SentinelFailoverLagging if key == "redis-sentinel" => Err(
-                "the negative control: without sync_replicas the promoted replica hands the \
-                 missed grants out again (the documented hazard); the known-defects gate shows \
-                 the checker flags it (defect sentinel-lagging-without-sync)",
-            ),
-            Scenario::SentinelFailover | Scenario::ClusterFailover
+            Scenario::SentinelFailover
+            | Scenario::SentinelFailoverLagging
+            | Scenario::ClusterFailover
+            | Scenario::ClusterPrimaryCut
                 if matches!(key, "redis-sentinel" | "redis-cluster") =>
             {
                 Err(
-                    "without sync_replicas a kill can land between a grant and its replication, \
-                     and the promoted replica hands that name out again (the documented hazard): \
-                     clean only by luck (one CI run in about twelve saw it); the lagging and \
-                     primary-cut rows make it certain, and the known-defects gate shows the \
-                     checker flags it",
+                    "without sync_replicas a failover can hand a name out again: a grant the old \
+                     primary made but had not replicated when it was killed or cut off is missing \
+                     on the promoted replica (the documented hazard). Clean only by luck in the \
+                     plain failover (one CI run in about twelve flagged it), certain in the \
+                     lagging and primary-cut rows, which are the negative controls: the \
+                     known-defects gate shows the checker flags them (defects \
+                     sentinel-lagging-without-sync, cluster-cut-without-sync)",
                 )
             }
-            Scenario::ClusterPrimaryCut if key == "redis-cluster" => Err(
-                "the negative control: without sync_replicas the cut-off primary's last grants \
-                 never reach the promoted replica, which hands the names out again (the \
-                 documented hazard); the known-defects gate shows the checker flags it (defect \
-                 cluster-cut-without-sync)",
-            ),
             Scenario::LeaseShrink if !backend.per_lock() => Err(
                 "grants share the session's lease: there is no per-lock TTL to extend \
                  (extend is Unsupported)",
