@@ -24,6 +24,10 @@ use crate::sql::Statements;
 use crate::sweep::sweep_loop;
 use crate::BACKEND;
 
+/// A pooled connection idle longer than this is pinged before use, so a server restart or an
+/// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
+
 /// What the PostgreSQL backend promises (table mode).
 pub const CAPABILITIES: Capabilities = Capabilities::new()
     .reentrant(true)
@@ -121,9 +125,19 @@ impl PostgresLock {
             PgPoolOptions::new()
                 .max_connections(config.get_pool_size())
                 .acquire_timeout(timeout)
-                // sqlx pings each connection it hands out (a round trip per operation): kept,
-                // since a statement on a connection a server restart killed would fail its
-                // caller, and the ping costs little beside a commit's wait for the disk.
+                // sqlx pings every connection it hands out by default: a round trip before
+                // each statement, measured at about a third of the uncontended cycle. Only a
+                // connection idle long enough to have gone stale (a server restart, an idle
+                // timeout) is pinged, as in the MySQL backend.
+                .test_before_acquire(false)
+                .before_acquire(|conn, meta| {
+                    Box::pin(async move {
+                        if meta.idle_for > PING_IDLE_AFTER {
+                            sqlx::Connection::ping(conn).await?;
+                        }
+                        Ok(true)
+                    })
+                })
                 .connect_lazy_with(options.clone())
         };
         let channel = format!("{}_released", config.get_lock_table());

@@ -170,11 +170,32 @@ impl Inner {
         if grants.is_empty() {
             return Vec::new();
         }
-        let names: Vec<&str> = grants.iter().map(|(g, _)| g.name.as_str()).collect();
-        let owners: Vec<String> = grants.iter().map(|(g, _)| g.owner.text().into()).collect();
-        let tokens: Vec<i64> = grants.iter().map(|(g, _)| g.token.0 as i64).collect();
-        let ttls: Vec<i64> = grants.iter().map(|(_, ttl)| micros(*ttl)).collect();
-        let name = (grants.len() == 1).then(|| &grants[0].0.name);
+        // One row per grant: the holds of one grant (re-entries, each with a lease of its own)
+        // can fall in one batch, and an `UPDATE … FROM` whose source has a row twice updates
+        // the target once and returns it once, so all but one of them would read as lost. The
+        // grant is renewed for the longest lease its holds ask, which is at least each one's.
+        let mut unique: Vec<(&Grant, Duration)> = Vec::new();
+        let mut slot = Vec::with_capacity(grants.len());
+        for (g, ttl) in grants {
+            let same = |(u, _): &(&Grant, Duration)| {
+                u.name == g.name && u.owner == g.owner && u.token == g.token
+            };
+            match unique.iter().position(same) {
+                Some(i) => {
+                    unique[i].1 = unique[i].1.max(*ttl);
+                    slot.push(i);
+                }
+                None => {
+                    slot.push(unique.len());
+                    unique.push((g, *ttl));
+                }
+            }
+        }
+        let names: Vec<&str> = unique.iter().map(|(g, _)| g.name.as_str()).collect();
+        let owners: Vec<String> = unique.iter().map(|(g, _)| g.owner.text().into()).collect();
+        let tokens: Vec<i64> = unique.iter().map(|(g, _)| g.token.0 as i64).collect();
+        let ttls: Vec<i64> = unique.iter().map(|(_, ttl)| micros(*ttl)).collect();
+        let name = (unique.len() == 1).then(|| &unique[0].0.name);
         let renewed = self
             .run("renewing", name, || {
                 self.query(&self.sql.renew)
@@ -196,8 +217,8 @@ impl Inner {
         };
         grants
             .iter()
-            .enumerate()
-            .map(|(i, (g, ttl))| {
+            .zip(slot)
+            .map(|((g, ttl), i)| {
                 if renewed.contains(&(i as i64 + 1)) {
                     Ok(Duration::from_micros(micros(*ttl) as u64))
                 } else {

@@ -21,18 +21,20 @@ impl Admin for ZkLock {
     async fn remove_holder(&self, name: &LockName) -> Result<()> {
         let client = self.client();
         let dir = self.lock_path(name.as_str())?;
-        let children = client
-            .list_children(&dir)
-            .await
-            .map_err(|e| failed("listing the queue", e))?;
-        let holder = path::queue(children)
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::invalid(format!("{name} has no holder to remove")))?;
-        client
-            .delete(&path::join(&dir, &holder.name), None)
-            .await
-            .map_err(|e| failed("deleting the holder's node", e))
+        let gone = || Error::invalid(format!("{name} has no holder to remove"));
+        let children = match client.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Err(gone()),
+            Err(e) => return Err(failed("listing the queue", e)),
+        };
+        let holder = path::queue(children).into_iter().next().ok_or_else(gone)?;
+        // Released (or its session ended) between the look and the delete: nothing to remove,
+        // as when the queue was empty.
+        match client.delete(&path::join(&dir, &holder.name), None).await {
+            Ok(()) => Ok(()),
+            Err(zk::Error::NoNode) => Err(gone()),
+            Err(e) => Err(failed("deleting the holder's node", e)),
+        }
     }
 
     /// Every queue node but the lowest (the holder's) is a waiter.

@@ -49,6 +49,10 @@ pub(crate) struct Expect {
     /// violation; the register refuses the new holders' writes, which is what volatile
     /// fencing means. A fall with no restart in between is still a violation.
     pub(crate) volatile_restart: bool,
+    /// The lease the run's clients were configured with (ZooKeeper's session timeout, etcd's
+    /// lease), in ns: how long a dead holder's claim can outlive it on the server, where a
+    /// guard's own lease (ZooKeeper's half a session) is shorter.
+    pub(crate) server_lease_ns: u64,
 }
 
 /// One grant, with its believed interval.
@@ -68,6 +72,12 @@ struct Grant {
     lost: bool,
     /// How many holders its name admits (a semaphore's `max`; 1 for a lock).
     permits: u32,
+    /// A fixed lease (no watchdog): nothing tells its holder of a deletion before it speaks to
+    /// the server again.
+    fixed: bool,
+    /// The safe-untils the server promised it: (when the request was sent, the safe-until its
+    /// answer gave), from the acquire and each extend that took.
+    promised: Vec<(u64, u64)>,
 }
 
 /// The verdict on one run.
@@ -201,6 +211,21 @@ pub(crate) fn check(
             } => !accepted && !zombie,
             _ => false,
         });
+        let promised = by_id[id]
+            .iter()
+            .filter_map(|r| match r {
+                Rec::Acquire {
+                    invoke, safe_until, ..
+                } => safe_until.map(|u| (*invoke, u)),
+                Rec::Extend {
+                    invoke,
+                    ok: true,
+                    safe_until,
+                    ..
+                } => safe_until.map(|u| (*invoke, u)),
+                _ => None,
+            })
+            .collect();
         let (end, why, lost) = match (ended, killed.get(&id.pid)) {
             (Some((end, why, lost)), _) => (end, why, lost || learned),
             (None, Some(&at)) => (killed_end(&by_id[id], *fixed, at), "killed".into(), false),
@@ -217,6 +242,8 @@ pub(crate) fn check(
             why,
             lost,
             permits: *permits,
+            fixed: *fixed,
+            promised,
         });
     }
     out.grants = grants.len();
@@ -263,12 +290,17 @@ pub(crate) fn check(
                         if overlaps <= 3 {
                             out.violations.push(format!(
                                 "mutual exclusion on {name:?}: {} was granted {:.1} ms before {} \
-                                 stopped believing it held\n{}{}",
+                                 stopped believing it held\n{}{}{}",
                                 g.id,
                                 ms_between(g.start, f.end),
                                 f.id,
                                 show(f),
-                                show(g)
+                                show(g),
+                                faults_between(
+                                    faults,
+                                    g.start.saturating_sub(2_000_000_000),
+                                    g.start
+                                )
                             ));
                         }
                     }
@@ -376,7 +408,7 @@ pub(crate) fn check(
         }
     }
 
-    availability::check(recs, faults, &by_name, &mut out);
+    availability::check(recs, faults, &by_name, expect.server_lease_ns, &mut out);
 
     // (5b) Safe-until against the server's expiry.
     for r in recs {
@@ -531,18 +563,49 @@ pub(crate) fn check(
 
 /// Whether the overlap of `a` and `b` on `name` is the out-of-band deletion scenario's own race:
 /// a deletion of `name` was sent no later than the later grant, and one of the two is its
-/// victim: a grant whose guard reported the lock lost within the allowance after the deletion
-/// (it could not know sooner; the fencing token protects the resource meanwhile). Overlaps
-/// between grants that never learned of a deletion are still violations.
+/// victim, which could not know sooner (the fencing token protects the resource meanwhile):
+/// - a grant whose guard reported the lock lost within the allowance after the deletion (a
+///   watchdog lease learns at its next renewal);
+/// - a fixed lease held (or being granted) at the deletion whose belief ended by the
+///   safe-until the server had promised it before the deletion was done: such a holder does
+///   not speak to the server until it extends or releases, so nothing can tell it sooner.
+///
+/// Overlaps between grants that never learned of a deletion, or that went on believing past
+/// what was promised before it, are still violations.
 fn deletion_race(faults: &[Fault], name: &str, a: &Grant, b: &Grant, expect: Expect) -> bool {
     let later = a.start.max(b.start);
     faults.iter().any(|x| {
         x.deleted.as_deref() == Some(name)
             && x.at <= later
-            && [a, b]
-                .iter()
-                .any(|v| v.lost && x.at <= v.end && v.end <= x.done + expect.allowance_ns)
+            && [a, b].iter().any(|v| {
+                let learned = v.lost && x.at <= v.end && v.end <= x.done + expect.allowance_ns;
+                let promised = v
+                    .promised
+                    .iter()
+                    .filter(|(sent, _)| *sent <= x.done)
+                    .map(|(_, until)| *until)
+                    .max();
+                let unaware = v.fixed
+                    && v.sent <= x.at
+                    && x.at <= v.end
+                    && promised.is_some_and(|until| v.end <= until);
+                learned || unaware
+            })
     })
+}
+
+/// The faults of `faults` sent from `from` to `to`, a line each, for a violation's message.
+pub(super) fn faults_between(faults: &[Fault], from: u64, to: u64) -> String {
+    let lines: Vec<String> = faults
+        .iter()
+        .filter(|f| from <= f.at && f.at <= to)
+        .map(|f| format!("  fault at {} (done {}): {}\n", f.at, f.done, f.what))
+        .collect();
+    if lines.is_empty() {
+        "  no fault recorded in that span\n".into()
+    } else {
+        lines.concat()
+    }
 }
 
 mod availability;

@@ -153,6 +153,7 @@ impl Shape<'_> {
             expect: Expect {
                 oob_delete: scenario == Scenario::OobDelete,
                 allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
+                server_lease_ns: clock::nanos(ttl),
                 client_pause: scenario == Scenario::HolderPause,
                 volatile_restart: matches!(
                     scenario,

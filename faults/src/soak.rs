@@ -181,6 +181,7 @@ pub(crate) async fn run(
             expect: Expect {
                 oob_delete: plan.pool.contains(&Scenario::OobDelete),
                 allowance_ns: clock::nanos(ttl + Duration::from_millis(300)),
+                server_lease_ns: clock::nanos(ttl),
                 client_pause: plan.pool.contains(&Scenario::HolderPause),
                 volatile_restart: false,
             },

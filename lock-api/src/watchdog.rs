@@ -535,6 +535,17 @@ fn settle<B: ?Sized + Renewer>(
     };
     e.in_flight = false;
     match result {
+        // An answer that comes after safe-until passed (the task that checks it was held up)
+        // finds the guard already lost: `is_lost()` has said so, and lost stays lost.
+        Ok(_)
+            if e.state
+                .safe_until()
+                .is_some_and(|until| until <= Instant::now()) =>
+        {
+            e.state.fire(LostReason::Expired, &d.grant);
+            inner.remove(d.id);
+            return false;
+        }
         Ok(granted) => {
             e.state.extend(safe_until(sent, granted));
             e.renew = Some((d.ttl, sent + granted / 3));

@@ -139,6 +139,43 @@ fn watchdog_stops_renewing_a_released_guard() {
     });
 }
 
+/// A renewal answered after the guard's safe-until passed does not bring the guard back: it
+/// said it was lost (`is_lost()` saw safe-until in the past) and stays lost, as `lost()`
+/// promises, even when the renewal's answer reaches the watchdog before its own check of that
+/// safe-until does (the answer's task holds the only worker thread until after it).
+#[test]
+fn a_renewal_answered_after_safe_until_passed_leaves_the_guard_lost() {
+    runtime().block_on(async {
+        let ttl = Duration::from_millis(300);
+        // The first renewal is due at TTL/3 (100 ms); safe-until is about 295 ms in. The
+        // renewal is applied at about 250 ms and its answer held, with the worker, until
+        // about 400 ms.
+        let a = Remote::stalling(
+            &MemoryStore::new(),
+            Duration::from_millis(150),
+            Duration::from_millis(150),
+        );
+        let g = a
+            .try_lock_with("late", &LockOptions::new().watchdog_ttl(ttl))
+            .await
+            .unwrap()
+            .unwrap();
+        let first_until = g.safe_until().unwrap();
+        tokio::time::sleep_until((first_until + Duration::from_millis(250)).into()).await;
+        assert!(g.is_lost(), "safe-until passed without a renewal in time");
+        assert_eq!(g.lost_reason(), Some(LostReason::Expired));
+        assert!(
+            g.safe_until().unwrap() <= first_until,
+            "the late renewal moved safe-until on: {:?} after {:?}",
+            g.safe_until(),
+            first_until
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(g.is_lost(), "lost, then held again");
+        drop(g);
+    });
+}
+
 /// A lease whose first renewal is due beyond the watchdog's two-tick horizon is not queued at
 /// enrolment; a later sweep must still bring it in and renew it on time.
 #[test]
@@ -177,13 +214,36 @@ fn watchdog_renews_a_lease_whose_renewal_is_beyond_the_first_sweep() {
 /// primitives, with no in-process shortcut, so the drop tests reach the generic paths.
 struct Remote {
     inner: distlock_api::MemoryLock,
+    /// Each renewal is sent after the first span, and its answer held for the second, holding
+    /// the thread that runs it (an overloaded machine: nothing else on that thread runs).
+    stall: Option<(Duration, Duration)>,
 }
 
 impl Remote {
     fn new(store: &MemoryStore) -> Arc<Self> {
         Arc::new(Remote {
             inner: store.client(),
+            stall: None,
         })
+    }
+
+    fn stalling(store: &MemoryStore, wait: Duration, block: Duration) -> Arc<Self> {
+        Arc::new(Remote {
+            inner: store.client(),
+            stall: Some((wait, block)),
+        })
+    }
+
+    /// Runs `renewal` after the stall's wait, and holds the thread for the stall's block once
+    /// the server has applied it: the answer is late, the renewal not.
+    async fn stalled<T>(&self, renewal: impl std::future::Future<Output = T>) -> T {
+        let Some((wait, block)) = self.stall else {
+            return renewal.await;
+        };
+        tokio::time::sleep(wait).await;
+        let answer = renewal.await;
+        std::thread::sleep(block);
+        answer
     }
 }
 
@@ -223,7 +283,7 @@ impl DistributedLock for Remote {
         grant: &distlock_api::Grant,
         ttl: Duration,
     ) -> distlock_api::Result<Duration> {
-        self.inner.renew(grant, ttl).await
+        self.stalled(self.inner.renew(grant, ttl)).await
     }
     async fn proclaim(
         &self,
@@ -270,7 +330,7 @@ impl DistributedLock for Remote {
         &self,
         grants: &[(distlock_api::Grant, std::time::Duration)],
     ) -> Vec<distlock_api::Result<std::time::Duration>> {
-        self.inner.renew_many(grants).await
+        self.stalled(self.inner.renew_many(grants)).await
     }
     async fn list(
         &self,

@@ -74,6 +74,9 @@ fn renewal(c: &Capabilities, _: bool) -> Gate {
 fn reentrant(c: &Capabilities, _: bool) -> Gate {
     c.reentrant.then_some(()).ok_or("not reentrant")
 }
+fn reentrant_renewal(c: &Capabilities, r: bool) -> Gate {
+    reentrant(c, r).and(renewal(c, r))
+}
 fn reentrant_per_lock_ttl(c: &Capabilities, r: bool) -> Gate {
     reentrant(c, r).and(per_lock_ttl(c, r))
 }
@@ -181,6 +184,7 @@ cases! {
     the_same_task_asking_twice_is_excluded: always,
     reentered_holds_share_the_token_and_free_after_the_last_release: reentrant,
     guards_of_one_hold_release_in_any_order: reentrant,
+    reentered_watchdog_holds_are_all_renewed: reentrant_renewal,
     reentering_a_hold_that_ended_fails_cleanly: reentrant_per_lock_ttl,
     explicit_owner_reenters_only_on_its_own_handle: reentrant,
     tasks_sharing_two_handles_keep_a_counter_exact: always,

@@ -117,6 +117,40 @@ pub(crate) async fn reentered_holds_share_the_token_and_free_after_the_last_rele
     assert!(must_lock(&b, &name).await.release().await.unwrap());
 }
 
+/// Re-entered holds of one grant, each on a watchdog lease of its own, come due for renewal
+/// together: every one is renewed (a batch that holds one grant more than once must answer for
+/// each), and none reports the lock lost.
+pub(crate) async fn reentered_watchdog_holds_are_all_renewed(cx: Ctx) {
+    let a = cx.client().await;
+    let name = cx.name("reenter-renewed");
+    let ttl = cx.harness().short_ttl();
+    let outer = a
+        .try_lock_with(&name, &LockOptions::new().watchdog_ttl(ttl))
+        .await
+        .unwrap()
+        .expect("free");
+    let second = outer.reenter().await.expect("re-enter");
+    let third = second.reenter().await.expect("re-enter");
+    let first_until = [&outer, &second, &third].map(|g| g.safe_until());
+    // Six renewal rounds (one every third of the lease).
+    tokio::time::sleep(ttl * 2).await;
+    for (i, g) in [&outer, &second, &third].into_iter().enumerate() {
+        assert!(!g.is_lost(), "hold {i} reports lost: {:?}", g.lost_reason());
+        if let Some(first) = first_until[i] {
+            let now = g.safe_until().expect("still leased");
+            assert!(
+                now > first,
+                "hold {i} was not renewed: safe-until still {first:?}"
+            );
+        }
+    }
+    assert_eq!(a.holder(&name).await.unwrap().expect("held").hold_count, 3);
+    for g in [third, second, outer] {
+        assert!(g.release().await.unwrap());
+    }
+    assert!(a.holder(&name).await.unwrap().is_none());
+}
+
 pub(crate) async fn guards_of_one_hold_release_in_any_order(cx: Ctx) {
     let (a, b) = (cx.client().await, cx.client().await);
     let name = cx.name("order");

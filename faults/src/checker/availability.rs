@@ -11,6 +11,7 @@ pub(super) fn check(
     recs: &[Rec],
     faults: &[Fault],
     by_name: &BTreeMap<&str, Vec<&Grant>>,
+    server_lease_ns: u64,
     out: &mut Checked,
 ) {
     let lease_ns = recs
@@ -21,7 +22,8 @@ pub(super) fn check(
             } => Some(t * 1_000_000),
             _ => None,
         })
-        .max();
+        .max()
+        .map(|ns| ns.max(server_lease_ns));
     if let Some(lease_ns) = lease_ns {
         let bound = lease_ns + AVAILABILITY_SLACK_NS;
         let first_try: BTreeMap<&str, u64> = recs.iter().fold(BTreeMap::new(), |mut m, r| {
@@ -82,9 +84,10 @@ pub(super) fn check(
                 if *n <= 3 {
                     out.violations.push(format!(
                         "availability of {name:?}: {id} was refused ({outcome}) though nobody \
-                         had believed holding it for {:.0} ms (a lease plus slack is {:.0} ms)",
+                         had believed holding it for {:.0} ms (a lease plus slack is {:.0} ms)\n{}",
                         ms_between(last, at),
-                        bound as f64 / 1e6
+                        bound as f64 / 1e6,
+                        super::faults_between(faults, last.saturating_sub(bound), at)
                     ));
                 }
             }

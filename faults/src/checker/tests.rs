@@ -430,6 +430,25 @@ fn a_lock_refused_long_after_its_last_believer_is_unavailable() {
     };
     let faults = [fault(3_000 * ms, false), fault(3_200 * ms, true)];
     assert!(run(3_600 * ms, &faults).violations.is_empty());
+    // A violation names the faults around it (none here).
+    assert!(
+        c.violations[0].contains("no fault recorded"),
+        "{:?}",
+        c.violations
+    );
+    // Where the server keeps a dead holder's claim longer than the guard's lease (ZooKeeper's
+    // session is twice the guard's lease), the bound is the server's: 3.6 s after a belief
+    // that ended is within a 2 s session plus slack, and 4.6 s is not.
+    let on_sessions = |refused_at: u64| {
+        let h = [granted.clone(), end(1, 1, 100 * ms), busy(2, refused_at)];
+        let expect = Expect {
+            server_lease_ns: 2_000 * ms,
+            ..Expect::default()
+        };
+        check(&h, &[], &BTreeMap::new(), 10_000 * ms, expect)
+    };
+    assert!(on_sessions(3_600 * ms).violations.is_empty());
+    assert_eq!(on_sessions(4_600 * ms).violations.len(), 1);
 }
 
 #[test]
@@ -592,6 +611,81 @@ fn across_a_restart_without_persistence_proclaims_are_not_compared_by_token() {
     let c = check(&h, &[], &BTreeMap::new(), 100, Expect::default());
     assert!(
         c.violations.iter().any(|v| v.starts_with("election")),
+        "{:?}",
+        c.violations
+    );
+}
+
+#[test]
+fn a_fixed_lease_deleted_behind_its_holder_may_believe_until_what_it_was_promised() {
+    let ms = 1_000_000;
+    let victim = OpId {
+        pid: 1,
+        task: 0,
+        seq: 1,
+    };
+    // A fixed lease granted at 10 ms and promised until 990 ms; an extend that took.
+    let mut granted = acquire(1, 1, 5, 10 * ms);
+    if let Rec::Acquire {
+        fixed, safe_until, ..
+    } = &mut granted
+    {
+        *fixed = true;
+        *safe_until = Some(990 * ms);
+    }
+    let extend = |invoke: u64| Rec::Extend {
+        id: victim,
+        ttl_ms: 1700,
+        invoke,
+        complete: invoke + ms,
+        ok: true,
+        error: None,
+        safe_until: Some(invoke + 1680 * ms),
+    };
+    // Deleted at 300 ms; another client is granted at 400 ms and holds until 600 ms.
+    let deletion = [Fault {
+        at: 300 * ms,
+        done: 301 * ms,
+        what: "deleted \"n\"".into(),
+        killed: None,
+        recover_from: false,
+        deleted: Some("n".into()),
+    }];
+    let expect = Expect {
+        oob_delete: true,
+        allowance_ns: 1300 * ms,
+        ..Expect::default()
+    };
+    let run = |extended_at: u64, victim_end: u64| {
+        let h = [
+            granted.clone(),
+            extend(extended_at),
+            end(1, 1, victim_end),
+            acquire(2, 1, 6, 400 * ms),
+            end(2, 1, 600 * ms),
+        ];
+        check(&h, &deletion, &BTreeMap::new(), 3000 * ms, expect)
+    };
+    // The holder speaks to nobody until it releases at 1,700 ms, within the 1,780 ms it was
+    // promised before the deletion, past the allowance a watchdog lease gets: the race.
+    let c = run(100 * ms, 1700 * ms);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert_eq!(c.expected_overlaps, 1);
+    // Believing past what it was promised is still a violation, and names the deletion.
+    let c = run(100 * ms, 1900 * ms);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.starts_with("mutual exclusion") && v.contains("deleted \"n\"")),
+        "{:?}",
+        c.violations
+    );
+    // An extend sent after the deletion was done cannot have taken: its promise does not count.
+    let c = run(350 * ms, 1700 * ms);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.starts_with("mutual exclusion")),
         "{:?}",
         c.violations
     );
