@@ -31,6 +31,8 @@ use crate::clock::ms_between;
 use crate::history::{killed_end, Fault, OpId, Rec};
 use crate::resource::Cell;
 
+use self::deletion::deletion_race;
+
 /// What the scenario makes legitimate.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Expect {
@@ -561,39 +563,6 @@ pub(crate) fn check(
     out
 }
 
-/// Whether the overlap of `a` and `b` on `name` is the out-of-band deletion scenario's own race:
-/// a deletion of `name` was sent no later than the later grant, and one of the two is its
-/// victim, which could not know sooner (the fencing token protects the resource meanwhile):
-/// - a grant whose guard reported the lock lost within the allowance after the deletion (a
-///   watchdog lease learns at its next renewal);
-/// - a fixed lease held (or being granted) at the deletion whose belief ended by the
-///   safe-until the server had promised it before the deletion was done: such a holder does
-///   not speak to the server until it extends or releases, so nothing can tell it sooner.
-///
-/// Overlaps between grants that never learned of a deletion, or that went on believing past
-/// what was promised before it, are still violations.
-fn deletion_race(faults: &[Fault], name: &str, a: &Grant, b: &Grant, expect: Expect) -> bool {
-    let later = a.start.max(b.start);
-    faults.iter().any(|x| {
-        x.deleted.as_deref() == Some(name)
-            && x.at <= later
-            && [a, b].iter().any(|v| {
-                let learned = v.lost && x.at <= v.end && v.end <= x.done + expect.allowance_ns;
-                let promised = v
-                    .promised
-                    .iter()
-                    .filter(|(sent, _)| *sent <= x.done)
-                    .map(|(_, until)| *until)
-                    .max();
-                let unaware = v.fixed
-                    && v.sent <= x.at
-                    && x.at <= v.end
-                    && promised.is_some_and(|until| v.end <= until);
-                learned || unaware
-            })
-    })
-}
-
 /// The faults of `faults` sent from `from` to `to`, a line each, for a violation's message.
 pub(super) fn faults_between(faults: &[Fault], from: u64, to: u64) -> String {
     let lines: Vec<String> = faults
@@ -609,6 +578,7 @@ pub(super) fn faults_between(faults: &[Fault], from: u64, to: u64) -> String {
 }
 
 mod availability;
+mod deletion;
 mod primitives;
 #[cfg(test)]
 mod tests;

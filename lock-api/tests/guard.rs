@@ -221,16 +221,17 @@ struct Remote {
 
 impl Remote {
     fn new(store: &MemoryStore) -> Arc<Self> {
-        Arc::new(Remote {
-            inner: store.client(),
-            stall: None,
-        })
+        Self::with_stall(store, None)
     }
 
     fn stalling(store: &MemoryStore, wait: Duration, block: Duration) -> Arc<Self> {
+        Self::with_stall(store, Some((wait, block)))
+    }
+
+    fn with_stall(store: &MemoryStore, stall: Option<(Duration, Duration)>) -> Arc<Self> {
         Arc::new(Remote {
             inner: store.client(),
-            stall: Some((wait, block)),
+            stall,
         })
     }
 

@@ -60,6 +60,32 @@ fn end(pid: u32, seq: u64, end: u64) -> Rec {
     }
 }
 
+fn granted_with(pid: u32, token: u64, complete: u64, safe_until: u64, ttl_ms: u64) -> Rec {
+    let mut r = acquire(pid, 1, token, complete);
+    if let Rec::Acquire {
+        safe_until: s,
+        ttl_ms: t,
+        ..
+    } = &mut r
+    {
+        *s = Some(safe_until);
+        *t = Some(ttl_ms);
+    }
+    r
+}
+
+/// An out-of-band deletion of the name `n`, sent at `at` and answered at `done`.
+fn deletion(at: u64, done: u64) -> Fault {
+    Fault {
+        at,
+        done,
+        what: "deleted \"n\"".into(),
+        killed: None,
+        recover_from: false,
+        deleted: Some("n".into()),
+    }
+}
+
 #[test]
 fn disjoint_intervals_with_rising_tokens_pass() {
     let h = [
@@ -180,103 +206,6 @@ fn tokens_restarting_after_a_volatile_restart_are_counted_not_violations() {
 }
 
 #[test]
-fn a_deletion_race_is_expected_only_when_the_victim_learned_of_it() {
-    // The victim (pid 1, token 5) finishes acquiring just after the next holder (pid 2,
-    // token 6) that the deletion let in, then learns of the deletion.
-    let lost_end = Rec::End {
-        id: OpId {
-            pid: 1,
-            task: 0,
-            seq: 1,
-        },
-        name: "n".into(),
-        end: 60,
-        why: "release".into(),
-        lost: Some("the lock's key was deleted".into()),
-    };
-    let h = [
-        acquire(2, 1, 6, 20),
-        end(2, 1, 90),
-        acquire(1, 1, 5, 21),
-        lost_end,
-    ];
-    let deletion = [Fault {
-        at: 19,
-        done: 19,
-        what: "deleted".into(),
-        killed: None,
-        recover_from: false,
-        deleted: Some("n".into()),
-    }];
-    let expect = Expect {
-        oob_delete: true,
-        allowance_ns: 100,
-        ..Expect::default()
-    };
-    let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
-    assert!(c.violations.is_empty(), "{:?}", c.violations);
-    assert_eq!(c.expected_overlaps, 1);
-    // The same overlap when the victim never learned of a deletion is two violations
-    // (exclusion and the falling token).
-    let h = [
-        acquire(2, 1, 6, 20),
-        end(2, 1, 90),
-        acquire(1, 1, 5, 21),
-        end(1, 1, 60),
-    ];
-    let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
-    assert_eq!(c.violations.len(), 2, "{:?}", c.violations);
-    // A victim learns of the deletion as well when its release finds the lock not its own,
-    // or when the register refuses its write: both make the overlap the expected race.
-    let victim = OpId {
-        pid: 1,
-        task: 0,
-        seq: 1,
-    };
-    let not_held = Rec::Release {
-        id: victim,
-        invoke: 60,
-        complete: 61,
-        result: "not_held".into(),
-    };
-    let refused = Rec::Write {
-        id: victim,
-        name: "n".into(),
-        token: 5,
-        invoke: 50,
-        complete: 51,
-        accepted: false,
-        zombie: false,
-    };
-    for learned in [not_held, refused] {
-        let h = [
-            acquire(2, 1, 6, 20),
-            end(2, 1, 90),
-            acquire(1, 1, 5, 21),
-            end(1, 1, 60),
-            learned,
-        ];
-        let c = check(&h, &deletion, &BTreeMap::new(), 100, expect);
-        assert!(c.violations.is_empty(), "{:?}", c.violations);
-        assert_eq!(c.expected_overlaps, 1);
-    }
-}
-
-fn granted_with(pid: u32, token: u64, complete: u64, safe_until: u64, ttl_ms: u64) -> Rec {
-    let mut r = acquire(pid, 1, token, complete);
-    if let Rec::Acquire {
-        safe_until: s,
-        ttl_ms: t,
-        ..
-    } = &mut r
-    {
-        *s = Some(safe_until);
-        *t = Some(ttl_ms);
-    }
-    r
-}
-
-#[test]
 fn a_safe_until_past_the_lease_is_a_violation() {
     let ms = 1_000_000;
     // A 1000 ms lease completed at 10 ms: the bound is 10 + 1000 - 12 = 998 ms.
@@ -372,20 +301,12 @@ fn a_reentry_of_another_token_or_refused_while_believed_is_a_violation() {
         reenter(None, Some("Lost: ended")),
         end(1, 1, 100 * ms),
     ];
-    let deleted = |at: u64, done: u64| Fault {
-        at,
-        done,
-        what: "deleted \"n\"".into(),
-        killed: None,
-        recover_from: false,
-        deleted: Some("n".into()),
-    };
     let check_with = |f: Fault| check(&h, &[f], &BTreeMap::new(), 200 * ms, Expect::default());
-    assert!(check_with(deleted(3 * ms / 4, ms)).violations.is_empty());
-    assert_eq!(check_with(deleted(ms / 4, ms / 4)).violations.len(), 1);
+    assert!(check_with(deletion(3 * ms / 4, ms)).violations.is_empty());
+    assert_eq!(check_with(deletion(ms / 4, ms / 4)).violations.len(), 1);
     // One sent before the acquire but answered after it was sent (a row lock held it back)
     // may have been applied to the new grant.
-    assert!(check_with(deleted(ms / 4, 3 * ms / 4))
+    assert!(check_with(deletion(ms / 4, 3 * ms / 4))
         .violations
         .is_empty());
 }
@@ -616,77 +537,4 @@ fn across_a_restart_without_persistence_proclaims_are_not_compared_by_token() {
     );
 }
 
-#[test]
-fn a_fixed_lease_deleted_behind_its_holder_may_believe_until_what_it_was_promised() {
-    let ms = 1_000_000;
-    let victim = OpId {
-        pid: 1,
-        task: 0,
-        seq: 1,
-    };
-    // A fixed lease granted at 10 ms and promised until 990 ms; an extend that took.
-    let mut granted = acquire(1, 1, 5, 10 * ms);
-    if let Rec::Acquire {
-        fixed, safe_until, ..
-    } = &mut granted
-    {
-        *fixed = true;
-        *safe_until = Some(990 * ms);
-    }
-    let extend = |invoke: u64| Rec::Extend {
-        id: victim,
-        ttl_ms: 1700,
-        invoke,
-        complete: invoke + ms,
-        ok: true,
-        error: None,
-        safe_until: Some(invoke + 1680 * ms),
-    };
-    // Deleted at 300 ms; another client is granted at 400 ms and holds until 600 ms.
-    let deletion = [Fault {
-        at: 300 * ms,
-        done: 301 * ms,
-        what: "deleted \"n\"".into(),
-        killed: None,
-        recover_from: false,
-        deleted: Some("n".into()),
-    }];
-    let expect = Expect {
-        oob_delete: true,
-        allowance_ns: 1300 * ms,
-        ..Expect::default()
-    };
-    let run = |extended_at: u64, victim_end: u64| {
-        let h = [
-            granted.clone(),
-            extend(extended_at),
-            end(1, 1, victim_end),
-            acquire(2, 1, 6, 400 * ms),
-            end(2, 1, 600 * ms),
-        ];
-        check(&h, &deletion, &BTreeMap::new(), 3000 * ms, expect)
-    };
-    // The holder speaks to nobody until it releases at 1,700 ms, within the 1,780 ms it was
-    // promised before the deletion, past the allowance a watchdog lease gets: the race.
-    let c = run(100 * ms, 1700 * ms);
-    assert!(c.violations.is_empty(), "{:?}", c.violations);
-    assert_eq!(c.expected_overlaps, 1);
-    // Believing past what it was promised is still a violation, and names the deletion.
-    let c = run(100 * ms, 1900 * ms);
-    assert!(
-        c.violations
-            .iter()
-            .any(|v| v.starts_with("mutual exclusion") && v.contains("deleted \"n\"")),
-        "{:?}",
-        c.violations
-    );
-    // An extend sent after the deletion was done cannot have taken: its promise does not count.
-    let c = run(350 * ms, 1700 * ms);
-    assert!(
-        c.violations
-            .iter()
-            .any(|v| v.starts_with("mutual exclusion")),
-        "{:?}",
-        c.violations
-    );
-}
+mod deletion;
