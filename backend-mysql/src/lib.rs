@@ -4,7 +4,11 @@
 
 mod backend;
 mod config;
-mod conn;
+/// The lock operations' connections: a pool with a spare, lent to one operation at a time.
+mod conn {
+    pub(crate) type Pool = distlock_sql_conn::Pool<sqlx::MySql>;
+    pub(crate) type Lent<'a> = distlock_sql_conn::Lent<'a, sqlx::MySql>;
+}
 mod error;
 mod hint;
 mod notices;

@@ -11,22 +11,18 @@ use distlock_api::{
     Blocking, Capabilities, DistributedLock, Error, ErrorKind, Fencing, FencingToken, Grant,
     LeaseKind, LockInfo, LockName, Profile, Result, TtlSupport,
 };
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use tokio::task::JoinHandle;
 
 use crate::advisory::sql::AdvisoryStatements;
 use crate::advisory::{Advisory, Setup};
 use crate::config::{Mode, PostgresConfig};
 use crate::notices::Listener;
-use crate::ops::Inner;
+use crate::ops::{Inner, Pool};
 use crate::schema::prepare;
 use crate::sql::Statements;
 use crate::sweep::sweep_loop;
 use crate::BACKEND;
-
-/// A pooled connection idle longer than this is pinged before use, so a server restart or an
-/// idle-timeout disconnect costs a reconnect instead of a failed lock operation.
-const PING_IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// What the PostgreSQL backend promises (table mode).
 pub const CAPABILITIES: Capabilities = Capabilities::new()
@@ -121,25 +117,7 @@ impl PostgresLock {
             )
             .with_backend(BACKEND)
         })??;
-        let pool = || {
-            PgPoolOptions::new()
-                .max_connections(config.get_pool_size())
-                .acquire_timeout(timeout)
-                // sqlx pings every connection it hands out by default: a round trip before
-                // each statement, measured at about a third of the uncontended cycle. Only a
-                // connection idle long enough to have gone stale (a server restart, an idle
-                // timeout) is pinged, as in the MySQL backend.
-                .test_before_acquire(false)
-                .before_acquire(|conn, meta| {
-                    Box::pin(async move {
-                        if meta.idle_for > PING_IDLE_AFTER {
-                            sqlx::Connection::ping(conn).await?;
-                        }
-                        Ok(true)
-                    })
-                })
-                .connect_lazy_with(options.clone())
-        };
+        let pool = || Pool::connect_lazy(options.clone(), config.get_pool_size(), timeout);
         let channel = format!("{}_released", config.get_lock_table());
         let listener = config.get_notices().then(|| {
             Listener::new(
@@ -164,7 +142,10 @@ impl PostgresLock {
             advisory.open().await?;
         }
         let inner = Arc::new(Inner {
-            pool: config.get_pool().cloned().unwrap_or_else(pool),
+            pool: config
+                .get_pool()
+                .map(|p| Pool::given(p.clone()))
+                .unwrap_or_else(pool),
             holders: pool(),
             sql,
             endpoint,
@@ -196,7 +177,7 @@ impl PostgresLock {
     /// The client's connection pool (the one given to
     /// [`PostgresConfig::from_pool`], if any), for statements of your own.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        self.inner.pool.sqlx()
     }
 
     /// Deletes every expired row now, in batches, and returns how many it deleted. Never
@@ -229,7 +210,7 @@ impl PostgresLock {
     #[cfg(feature = "testing")]
     pub(crate) fn admin_parts(&self) -> (&PgPool, [&str; 2], String, &str) {
         (
-            &self.inner.holders,
+            self.inner.holders.sqlx(),
             [&self.inner.sql.locks, &self.inner.sql.permits],
             crate::advisory::sql::advisory_table(&self.inner.sql.locks),
             &self.inner.channel,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use distlock_api::backend::wait::Attempt;
 use distlock_api::backend::{lost, AcquireRequest};
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, OwnerId, Result};
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::error::{is_conflict, map_error, timed_out};
@@ -20,13 +20,18 @@ use crate::BACKEND;
 /// conflict with a concurrent transaction (nothing of it took effect).
 const MAX_ROUNDS: usize = 8;
 
+/// The lock operations' connections: a pool with a spare, lent to one statement at a time
+/// (`&Pool` runs a statement as a sqlx pool does, without sqlx's ping when the connection comes
+/// back).
+pub(crate) type Pool = distlock_sql_conn::Pool<sqlx::Postgres>;
+
 /// The state shared with the sweeper and the listener.
 pub(crate) struct Inner {
     /// Acquire attempts, reads and the sweeper.
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Pool,
     /// Renewals, releases and proclaims: the statements that keep held locks alive or free
     /// them get connections of their own, so a burst of contenders cannot delay them.
-    pub(crate) holders: PgPool,
+    pub(crate) holders: Pool,
     pub(crate) sql: Statements,
     pub(crate) endpoint: String,
     pub(crate) operation_timeout: Duration,

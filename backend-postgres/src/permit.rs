@@ -35,7 +35,7 @@ impl Inner {
         let sent_at = Instant::now();
         let answer = self
             .run("acquiring a permit", Some(&req.name), || async move {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.pool.sqlx().begin().await?;
                 self.query(&self.sql.permit.counter_lock)
                     .bind(name)
                     .execute(&mut *tx)
@@ -107,7 +107,7 @@ impl Inner {
         let token = g.token.0 as i64;
         let released: i64 = self
             .run("releasing a permit", Some(&g.name), || async move {
-                let mut tx = self.holders.begin().await?;
+                let mut tx = self.holders.sqlx().begin().await?;
                 self.query(&self.sql.permit.counter_hold)
                     .bind(name)
                     .execute(&mut *tx)
@@ -138,7 +138,7 @@ impl Inner {
         let ttl_us = micros(ttl);
         let renewed = self
             .run("renewing a permit", Some(&g.name), || async move {
-                let mut tx = self.holders.begin().await?;
+                let mut tx = self.holders.sqlx().begin().await?;
                 self.query(&self.sql.permit.counter_hold)
                     .bind(name)
                     .execute(&mut *tx)

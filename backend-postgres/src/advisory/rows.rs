@@ -2,16 +2,17 @@
 //! pools (not its session): inspect, list, proclaim, force-release, sweep.
 
 use distlock_api::{Error, ErrorKind, FencingToken, Grant, LockInfo, LockName, OwnerId, Result};
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use super::session::query;
 use super::{advisory_key, Advisory};
 use crate::error::map_error;
+use crate::ops::Pool;
 use crate::BACKEND;
 
 impl Advisory {
-    pub(crate) async fn inspect(&self, pool: &PgPool, name: &LockName) -> Result<Option<LockInfo>> {
+    pub(crate) async fn inspect(&self, pool: &Pool, name: &LockName) -> Result<Option<LockInfo>> {
         let what = format!("reading the advisory row on {}", self.shared.endpoint);
         let row = self
             .shared
@@ -29,7 +30,7 @@ impl Advisory {
 
     pub(crate) async fn list(
         &self,
-        pool: &PgPool,
+        pool: &Pool,
         prefix: &str,
     ) -> Result<Vec<(LockName, LockInfo)>> {
         let what = format!("listing the advisory rows on {}", self.shared.endpoint);
@@ -52,7 +53,7 @@ impl Advisory {
         Ok(held)
     }
 
-    pub(crate) async fn proclaim(&self, pool: &PgPool, g: &Grant, value: &str) -> Result<bool> {
+    pub(crate) async fn proclaim(&self, pool: &Pool, g: &Grant, value: &str) -> Result<bool> {
         let what = format!("proclaiming on {}", self.shared.endpoint);
         let n: i64 = self
             .shared
@@ -76,7 +77,7 @@ impl Advisory {
     /// notifies.
     pub(crate) async fn force_release(
         &self,
-        pool: &PgPool,
+        pool: &Pool,
         name: &LockName,
         token: FencingToken,
     ) -> Result<bool> {
@@ -98,7 +99,7 @@ impl Advisory {
     }
 
     /// Deletes up to `batch` stale rows (their session no longer holds the key).
-    pub(crate) async fn sweep(&self, pool: &PgPool, batch: u32) -> Result<u64> {
+    pub(crate) async fn sweep(&self, pool: &Pool, batch: u32) -> Result<u64> {
         let what = format!("sweeping stale advisory rows on {}", self.shared.endpoint);
         let done = self
             .shared
