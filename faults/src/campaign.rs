@@ -163,6 +163,7 @@ struct CellResult {
     token_restarts: usize,
     recover_ms: Option<f64>,
     unrecovered: usize,
+    unjudged: usize,
     grants_during_faults: usize,
     residue: usize,
     errors: usize,
@@ -303,6 +304,7 @@ async fn run_cell(
         cell.unfenced_lost_updates += c.unfenced_lost_updates;
         cell.token_restarts += c.token_restarts;
         cell.unrecovered += c.unrecovered;
+        cell.unjudged += c.unjudged;
         cell.grants_during_faults += c.grants_during_faults;
         if let Some(ms) = c.recover_ms {
             cell.recover_ms = Some(cell.recover_ms.map_or(ms, |m: f64| m.max(ms)));
@@ -311,7 +313,7 @@ async fn run_cell(
         cell.errors += usize::from(r.error.is_some());
         cell.wall_s += r.wall_s;
         let mut said = format!(
-            "{:<15} {:<8} run {}: {} grants, {} violations, {} fenced off, {} residue{} \
+            "{:<15} {:<8} run {}: {} grants, {} violations, {} fenced off, {} residue{}{} \
              ({:.1} s)\n",
             scenario.key(),
             backend.key(),
@@ -320,6 +322,11 @@ async fn run_cell(
             c.violations.len(),
             c.fenced_off,
             r.residue.len(),
+            if c.unrecovered > 0 {
+                format!(", {} fault(s) never recovered from", c.unrecovered)
+            } else {
+                String::new()
+            },
             r.error
                 .as_ref()
                 .map(|e| format!(", error: {e}"))
@@ -336,7 +343,10 @@ async fn run_cell(
         eprint!("{said}");
         if c.grants > 0 || r.error.is_some() {
             // Histories of clean runs are not kept.
-            if c.violations.is_empty() && r.error.is_none() && std::env::var_os(KEEP_ENV).is_none()
+            if c.violations.is_empty()
+                && c.unrecovered == 0
+                && r.error.is_none()
+                && std::env::var_os(KEEP_ENV).is_none()
             {
                 let _ = std::fs::remove_dir_all(&dir);
             }

@@ -288,8 +288,10 @@ impl Scenario {
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
             Scenario::Timing(t) => t.leases_after(),
-            // Of 3 s leases: the failover (or the migrations), then clients on the new primary.
-            s if s.topology().is_some() => 2,
+            // Of 3 s leases: the failover (or the migrations), then clients on the new primary
+            // for long enough that the recovery from the last undo is judged (two leases and
+            // the slack: checker::recovery_window).
+            s if s.topology().is_some() => 3,
             _ => 3,
         }
     }

@@ -90,6 +90,13 @@ pub(super) fn write_report(
         if c.unrecovered > 0 {
             notes.push(format!("{} fault(s) never recovered from", c.unrecovered));
         }
+        if c.unjudged > 0 {
+            notes.push(format!(
+                "{} fault(s) whose recovery was not judged (the clients stopped less than two \
+                 leases after them, with no grant since)",
+                c.unjudged
+            ));
+        }
         if c.proclaims > 0 {
             notes.push(format!(
                 "{} proclaim(s), {} of {} zombie proclaim(s) refused; at most {} permit(s) held",

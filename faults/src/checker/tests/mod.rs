@@ -174,6 +174,46 @@ fn a_killed_holder_believes_until_its_death_and_recovery_is_measured() {
 }
 
 #[test]
+fn a_fault_with_no_grant_after_it_is_unrecovered_only_if_the_clients_kept_asking() {
+    let expect = Expect {
+        allowance_ns: 100,
+        ..Expect::default()
+    };
+    assert_eq!(recovery_window(&expect), 200);
+    let healed = [Fault {
+        at: 50,
+        done: 50,
+        what: "old master restarted".into(),
+        killed: None,
+        recover_from: true,
+        deleted: None,
+    }];
+    // An acquire of client 2 refused at `invoke`.
+    let refused = |seq, invoke| {
+        let mut r = acquire_sent(2, seq, 0, invoke, invoke + 1);
+        if let Rec::Acquire { outcome, token, .. } = &mut r {
+            (*outcome, *token) = ("busy".into(), None);
+        }
+        r
+    };
+    let before = [acquire(1, 1, 1, 10), end(1, 1, 20)];
+    let run = |asks: &[Rec]| {
+        let h: Vec<Rec> = before.iter().chain(asks).cloned().collect();
+        let c = check(&h, &healed, &BTreeMap::new(), 400, expect);
+        (c.unrecovered, c.unjudged, c.recover_ms)
+    };
+    // Refused up to 300, past the end of the window (50 + 200): the lock stayed unavailable.
+    assert_eq!(run(&[refused(1, 100), refused(2, 300)]), (1, 0, None));
+    // The clients stopped asking at 200, inside the window: too short a tail to judge.
+    assert_eq!(run(&[refused(1, 100), refused(2, 200)]), (0, 1, None));
+    // A grant after the fault's end is a recovery, measured from it.
+    assert_eq!(
+        run(&[refused(1, 100), acquire(2, 2, 2, 150), end(2, 2, 160)]),
+        (0, 0, Some(100.0 / 1e6))
+    );
+}
+
+#[test]
 fn tokens_restarting_after_a_volatile_restart_are_counted_not_violations() {
     let h = [
         acquire(1, 1, 7, 10),
