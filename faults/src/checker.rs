@@ -552,41 +552,8 @@ pub(crate) fn check(
         .filter(|g| windows.iter().any(|&(a, b)| a <= g.start && g.start < b))
         .count();
 
-    // Recovery: from each fault's end to the next grant.
-    let mut starts: Vec<u64> = grants.iter().map(|g| g.start).collect();
-    starts.sort_unstable();
-    let last_ask = recs
-        .iter()
-        .filter_map(|r| match r {
-            Rec::Acquire { invoke, .. } => Some(*invoke),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
-    for f in faults.iter().filter(|f| f.recover_from) {
-        match starts.iter().find(|&&s| s >= f.at) {
-            Some(&s) => {
-                let ms = ms_between(f.at, s);
-                out.recover_ms = Some(out.recover_ms.map_or(ms, |m: f64| m.max(ms)));
-            }
-            None if last_ask >= f.at.saturating_add(recovery_window(&expect)) => {
-                out.unrecovered += 1
-            }
-            None => out.unjudged += 1,
-        }
-    }
+    availability::recovery(recs, faults, &grants, &expect, &mut out);
     out
-}
-
-/// How long the clients must have kept asking after a fault's end for a fault with no grant
-/// after it to count as unrecovered: a lease the fault stranded may first have to run out (a
-/// holder cut off or killed), and then the clients' waits and retries, and a failed-over
-/// server's replicas catching up (`sync_replicas`), take up to another; the slack as in
-/// [`Expect::allowance_ns`]. In a workload of two names and long holds, stretches of more than
-/// one lease without a grant are common after a failover (measured: up to 3.6 s of 3 s leases
-/// in clean runs), so one lease would flag healthy runs whose fault ended near their end.
-pub(super) fn recovery_window(expect: &Expect) -> u64 {
-    expect.allowance_ns.saturating_mul(2)
 }
 
 /// The faults of `faults` sent from `from` to `to`, a line each, for a violation's message.

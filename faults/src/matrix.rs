@@ -290,7 +290,7 @@ impl Scenario {
             Scenario::Timing(t) => t.leases_after(),
             // Of 3 s leases: the failover (or the migrations), then clients on the new primary
             // for long enough that the recovery from the last undo is judged (two leases and
-            // the slack: checker::recovery_window).
+            // the slack: checker::availability::recovery_window).
             s if s.topology().is_some() => 3,
             _ => 3,
         }

@@ -179,7 +179,7 @@ fn a_fault_with_no_grant_after_it_is_unrecovered_only_if_the_clients_kept_asking
         allowance_ns: 100,
         ..Expect::default()
     };
-    assert_eq!(recovery_window(&expect), 200);
+    assert_eq!(availability::recovery_window(&expect), 200);
     let healed = [Fault {
         at: 50,
         done: 50,
