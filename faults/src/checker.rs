@@ -109,7 +109,7 @@ pub(crate) struct Checked {
     /// no fault to recover from.
     pub(crate) recover_ms: Option<f64>,
     /// Faults after which nothing was granted again, though the clients kept asking for the
-    /// recovery window ([`recovery_window`]) after them.
+    /// recovery window ([`availability::recovery_window`]) after them.
     pub(crate) unrecovered: usize,
     /// Faults after which nothing was granted before the clients stopped asking, less than the
     /// recovery window after them: a lock's availability is not judged on so short a tail.
