@@ -215,7 +215,7 @@ impl Scenario {
             Scenario::SentinelFailover => {
                 "Redis through Sentinel (private master, 2 replicas, 3 sentinels in namespaces): \
                  the master killed (-9) while clients hold and contend, a replica promoted, the \
-                 old master restarted (Sentinel makes it a replica)"
+                 old master restarted (the fault ends when Sentinel has made it a replica)"
             }
             Scenario::SentinelFailoverLagging => {
                 "as sentinel-failover, but the replicas drop the master's traffic (nftables) for \
@@ -287,6 +287,11 @@ impl Scenario {
             | Scenario::LeaderCut
             | Scenario::MastersRestartVolatile => 4,
             Scenario::MemberRestart => 6,
+            // The failover, then the old master's return: Sentinel makes it a replica only
+            // 8 s after it reports its old role, at its next look (every 10 s at a replica),
+            // 15 s after its restart in quick runs here; then the recovery window
+            // (checker::availability::recovery_window).
+            Scenario::SentinelFailover | Scenario::SentinelFailoverLagging => 10,
             Scenario::Timing(t) => t.leases_after(),
             // Of 3 s leases: the failover (or the migrations), then clients on the new primary
             // for long enough that the recovery from the last undo is judged (two leases and

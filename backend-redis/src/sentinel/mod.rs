@@ -192,8 +192,6 @@ impl Sentinel {
     }
 }
 
-/// Whether a script's failure is one a lost or demoted master causes: worth asking the
-/// sentinels where the master is now.
 /// A node's address as `host:port`.
 pub(crate) fn address(node: &Endpoint) -> String {
     node.client.get_connection_info().addr().to_string()

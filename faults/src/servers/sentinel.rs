@@ -106,7 +106,8 @@ impl Deployment {
 
     /// The nemesis: (lagging: the replicas drop the master's traffic for [`LAG`]) the master
     /// killed, the promotion awaited (the replicas healed then), the old master restarted a
-    /// second later. `Ok(Some(e))`: a fault could not be undone.
+    /// second later, and the fault's end awaited: the new master with both replicas (the old
+    /// master made one by Sentinel). `Ok(Some(e))`: a fault could not be undone.
     pub(crate) async fn failover(
         &mut self,
         lagging: bool,
@@ -172,12 +173,40 @@ impl Deployment {
             true,
             None,
         );
-        self.rejoin(
-            0,
-            "old master restarted (Sentinel makes it a replica)",
-            note,
+        // The old master comes back a master of its own data; Sentinel makes it a replica of
+        // the new one only once it has reported that role for eight seconds (Sentinel's
+        // SENTINEL_PUBLISH_PERIOD * 4). Until then a client that reaches it, or a new master
+        // whose other replica was not yet moved over, acknowledges no grant with
+        // sync_replicas: the fault ends when the new master has both replicas again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let restarted = self.restart(0).await;
+        note("old master restarted".into(), None, false, None);
+        restarted.map_err(|e| format!("the old master (member 0) did not come back: {e}"))?;
+        let back = Instant::now();
+        let replicas = self.members.len() - 1;
+        let whole = poll(
+            PROMOTION_BOUND,
+            "the new master did not get its replicas back",
+            async || {
+                let info = cli(&promoted, 6379, &["INFO", "replication"]).await?;
+                if info.matches("state=online").count() == replicas {
+                    Ok(())
+                } else {
+                    Err(info)
+                }
+            },
         )
-        .await?;
-        Ok(undo)
+        .await;
+        note(
+            format!(
+                "Sentinel made the old master a replica ({} ms after its restart): the new \
+                 master has {replicas} replicas again",
+                back.elapsed().as_millis()
+            ),
+            None,
+            true,
+            None,
+        );
+        Ok(undo.or(whole.err()))
     }
 }
