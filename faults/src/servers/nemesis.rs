@@ -51,17 +51,18 @@ impl Deployment {
         Err(last)
     }
 
-    /// A second after a failover, restarts the old primary `i` on its data (it comes back as a
-    /// replica); notes `what` (a fault's end) whether or not it came back.
+    /// A second after a failover, restarts the old primary `i` on its data; notes `what` (a
+    /// fault's end if `ends`) whether or not it came back.
     pub(super) async fn rejoin(
         &mut self,
         i: usize,
         what: &str,
+        ends: bool,
         note: Note<'_>,
     ) -> Result<(), String> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let restarted = self.restart(i).await;
-        note(what.into(), None, true, None);
+        note(what.into(), None, ends, None);
         restarted.map_err(|e| format!("the old primary (member {i}) did not come back: {e}"))
     }
 

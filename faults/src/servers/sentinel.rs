@@ -35,12 +35,7 @@ impl Deployment {
             cli_ok(&m.ip, 6379, &["REPLICAOF", &master, "6379"]).await?;
         }
         poll(START_BOUND, "the replicas did not sync", async || {
-            let info = cli(&master, 6379, &["INFO", "replication"]).await?;
-            if info.matches("state=online").count() == n - 1 {
-                Ok(())
-            } else {
-                Err(info)
-            }
+            replicas_online(&master, n - 1).await
         })
         .await?;
         let mut sentinels = Vec::new();
@@ -178,23 +173,13 @@ impl Deployment {
         // SENTINEL_PUBLISH_PERIOD * 4). Until then a client that reaches it, or a new master
         // whose other replica was not yet moved over, acknowledges no grant with
         // sync_replicas: the fault ends when the new master has both replicas again.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let restarted = self.restart(0).await;
-        note("old master restarted".into(), None, false, None);
-        restarted.map_err(|e| format!("the old master (member 0) did not come back: {e}"))?;
+        self.rejoin(0, "old master restarted", false, note).await?;
         let back = Instant::now();
         let replicas = self.members.len() - 1;
         let whole = poll(
             PROMOTION_BOUND,
             "the new master did not get its replicas back",
-            async || {
-                let info = cli(&promoted, 6379, &["INFO", "replication"]).await?;
-                if info.matches("state=online").count() == replicas {
-                    Ok(())
-                } else {
-                    Err(info)
-                }
-            },
+            async || replicas_online(&promoted, replicas).await,
         )
         .await;
         note(
@@ -208,5 +193,15 @@ impl Deployment {
             None,
         );
         Ok(undo.or(whole.err()))
+    }
+}
+
+/// Whether the master at `host` has `count` replicas online; its `INFO replication` if not.
+async fn replicas_online(host: &str, count: usize) -> Result<(), String> {
+    let info = cli(host, 6379, &["INFO", "replication"]).await?;
+    if info.matches("state=online").count() == count {
+        Ok(())
+    } else {
+        Err(info)
     }
 }

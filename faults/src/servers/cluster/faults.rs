@@ -47,7 +47,7 @@ impl Deployment {
                 );
                 promoted?;
                 let rejoined = "old primary restarted (it rejoins as a replica)";
-                self.rejoin(FAULTED, rejoined, note).await?;
+                self.rejoin(FAULTED, rejoined, true, note).await?;
                 let restarted = Instant::now();
                 self.await_replica().await?;
                 note(
