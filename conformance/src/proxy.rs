@@ -34,6 +34,9 @@ struct Flags {
     cut: AtomicBool,
     muted: AtomicBool,
     healed: Notify,
+    /// How many times the proxy healed. A connection poisoned before the latest heal ends even
+    /// if it missed that heal's notice (sent while it was busy with a chunk, not waiting).
+    heals: AtomicU64,
     round_trips: AtomicU64,
     /// How long each chunk is held back, in µs.
     delay_us: AtomicU64,
@@ -58,6 +61,7 @@ impl Proxy {
             cut: AtomicBool::new(false),
             muted: AtomicBool::new(false),
             healed: Notify::new(),
+            heals: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
             delay_us: AtomicU64::new(0),
         });
@@ -117,6 +121,7 @@ impl Proxy {
     pub fn heal(&self) {
         self.flags.cut.store(false, Ordering::SeqCst);
         self.flags.muted.store(false, Ordering::SeqCst);
+        self.flags.heals.fetch_add(1, Ordering::SeqCst);
         self.flags.healed.notify_waiters();
     }
 }
@@ -141,11 +146,23 @@ async fn pipe(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(forward(rx, to));
     let mut buf = vec![0u8; 64 * 1024];
-    let mut poisoned = flags.cut.load(Ordering::SeqCst);
+    // The heal count when this pipe lost its first bytes (or was opened during a cut): any
+    // later heal ends it. The count is read before the flags: a heal stores them first, so a cut
+    // still seen is never paired with that heal's count.
+    let cut_at = |flags: &Flags| {
+        let heals = flags.heals.load(Ordering::SeqCst);
+        flags.cut.load(Ordering::SeqCst).then_some(heals)
+    };
+    let mut poisoned_at = cut_at(&flags);
     loop {
         let healed = flags.healed.notified();
         tokio::pin!(healed);
         healed.as_mut().enable();
+        // A heal between the last read and `enable` sent its notice to nobody.
+        let poisoned = poisoned_at.is_some();
+        if poisoned_at.is_some_and(|at| flags.heals.load(Ordering::SeqCst) != at) {
+            return;
+        }
         let read = tokio::select! {
             r = from.read(&mut buf) => r,
             _ = healed, if poisoned => return,
@@ -154,14 +171,17 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        poisoned |=
-            flags.cut.load(Ordering::SeqCst) || (answers && flags.muted.load(Ordering::SeqCst));
+        if poisoned_at.is_none() {
+            let heals = flags.heals.load(Ordering::SeqCst);
+            let muted = answers && flags.muted.load(Ordering::SeqCst);
+            poisoned_at = cut_at(&flags).or(muted.then_some(heals));
+        }
         if answers {
             turn.store(true, Ordering::SeqCst);
         } else if turn.swap(false, Ordering::SeqCst) {
             flags.round_trips.fetch_add(1, Ordering::SeqCst);
         }
-        if poisoned {
+        if poisoned_at.is_some() {
             continue;
         }
         let at = tokio::time::Instant::now()
