@@ -138,8 +138,11 @@ async fn operation_timeout_test() {
     // Stay stopped until the kept row has expired by the server's clock too.
     tokio::time::sleep_until((stopped_at + PAUSED_TTL + MARGIN).into()).await;
     trying.stop();
-    server.signal("CONT");
+    // The instant is taken before the signal is sent: kill(1) takes milliseconds to spawn, and
+    // the server may answer a queued acquire before it returns. A grant observed before this
+    // instant was answered by a stopped server.
     let resumed_at = Instant::now();
+    server.signal("CONT");
     eprintln!(
         "resumed after a pause of {} ms",
         ms(resumed_at - stopped_at)
