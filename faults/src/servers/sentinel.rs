@@ -134,19 +134,13 @@ impl Deployment {
         note("SIGKILL master (member 0)".into(), None, false, None);
         let killed = Instant::now();
         // Asked of member 1's sentinel, which the replication cut leaves among the majority.
-        let sentinel = &self.members[1].ip;
+        let sentinel = self.members[1].ip.clone();
         let promoted = poll(PROMOTION_BOUND, "no replica promoted", async || {
-            let got = cli(
-                sentinel,
-                SENTINEL_PORT,
-                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
-            )
-            .await?;
-            let now = got.lines().next().unwrap_or("").to_string();
-            if !now.is_empty() && now != master {
+            let now = current_master(&sentinel).await?;
+            if now != master {
                 Ok(now)
             } else {
-                Err(got)
+                Err(now)
             }
         })
         .await;
@@ -172,27 +166,57 @@ impl Deployment {
         // the new one only once it has reported that role for eight seconds (Sentinel's
         // SENTINEL_PUBLISH_PERIOD * 4). Until then a client that reaches it, or a new master
         // whose other replica was not yet moved over, acknowledges no grant with
-        // sync_replicas: the fault ends when the new master has both replicas again.
+        // sync_replicas: the fault ends when the master has both replicas again. That master
+        // is asked of Sentinel at each look, not assumed to be the promoted one: a failover
+        // that Sentinel aborts (its failover-timeout passed on a loaded machine) leaves the
+        // restarted old master in charge, with the promoted replica turned back.
         self.rejoin(0, "old master restarted", false, note).await?;
         let back = Instant::now();
         let replicas = self.members.len() - 1;
         let whole = poll(
             PROMOTION_BOUND,
-            "the new master did not get its replicas back",
-            async || replicas_online(&promoted, replicas).await,
+            "the master did not get its replicas back",
+            async || {
+                let now = current_master(&sentinel).await?;
+                replicas_online(&now, replicas)
+                    .await
+                    .map(|()| now.clone())
+                    .map_err(|info| format!("master {now}: {info}"))
+            },
         )
         .await;
-        note(
-            format!(
-                "Sentinel made the old master a replica ({} ms after its restart): the new \
-                 master has {replicas} replicas again",
-                back.elapsed().as_millis()
-            ),
-            None,
-            true,
-            None,
-        );
+        if let Ok(now) = &whole {
+            note(
+                format!(
+                    "the master ({now}{}) has {replicas} replicas again {} ms after the old \
+                     master's restart",
+                    if *now == promoted {
+                        ", the promoted one"
+                    } else {
+                        ", not the promoted one: Sentinel aborted the failover"
+                    },
+                    back.elapsed().as_millis()
+                ),
+                None,
+                true,
+                None,
+            );
+        }
         Ok(undo.or(whole.err()))
+    }
+}
+
+/// The master's address as the sentinel at `sentinel` names it now.
+async fn current_master(sentinel: &str) -> Result<String, String> {
+    let got = cli(
+        sentinel,
+        SENTINEL_PORT,
+        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
+    )
+    .await?;
+    match got.lines().next() {
+        Some(ip) if !ip.is_empty() => Ok(ip.to_string()),
+        _ => Err(got),
     }
 }
 
