@@ -39,6 +39,7 @@ pub(crate) fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
         {
             ErrorKind::Backend
         }
+        sqlx::Error::Protocol(m) if closed_while_connecting(m) => ErrorKind::Unavailable,
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
@@ -59,6 +60,15 @@ pub(crate) fn classify(e: &sqlx::Error) -> (ErrorKind, bool) {
     (kind, temporary)
 }
 
+/// Whether a protocol error is the driver's report of a connection closed before the server's
+/// first byte: sqlx reads the one-byte answer to its `SSLRequest` into a zeroed buffer and,
+/// at end of stream, reports that zero as an unexpected answer. The server never spoke: the
+/// connection was lost, as when a firewall or proxy drops it.
+/// (The driver appends where it raised the error, in parentheses.)
+fn closed_while_connecting(message: &str) -> bool {
+    message.starts_with("unexpected response from SSLRequest: 0x00")
+}
+
 /// The error of an operation that got no answer within the operation timeout: temporary
 /// `Unavailable`, like any other unreachable server.
 pub(crate) fn timed_out(what: &str, limit: std::time::Duration) -> Error {
@@ -77,4 +87,21 @@ pub(crate) fn clone_error(e: &Error) -> Error {
     Error::new(e.kind(), e.to_string())
         .with_backend(BACKEND)
         .temporary(e.is_temporary())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_closed_before_the_servers_first_byte_is_unavailable() {
+        let closed = sqlx::Error::Protocol(
+            "unexpected response from SSLRequest: 0x00 (sqlx_postgres::connection::tls:95)".into(),
+        );
+        assert_eq!(classify(&closed), (ErrorKind::Unavailable, true));
+        let garbled = sqlx::Error::Protocol(
+            "unexpected response from SSLRequest: 0x48 (sqlx_postgres::connection::tls:95)".into(),
+        );
+        assert_eq!(classify(&garbled), (ErrorKind::Backend, true));
+    }
 }

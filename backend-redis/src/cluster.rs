@@ -20,7 +20,8 @@ use crate::ops::{driver_error, Conn, Server};
 use crate::scripts;
 
 impl ClusterSpec {
-    /// The driver's cluster client: RESP3 with `push` for the notices' connection.
+    /// The driver's cluster client: RESP3 with `push` for the notices' connection, without
+    /// retries for the command connection.
     pub(crate) async fn client(
         &self,
         options: &Options,
@@ -33,11 +34,14 @@ impl ClusterSpec {
         let mut builder = ClusterClientBuilder::new(infos)
             .connection_timeout(options.client.connect_timeout)
             .response_timeout(options.client.operation_timeout);
-        if let Some(push) = push {
-            builder = builder
+        builder = match push {
+            Some(push) => builder
                 .use_protocol(redis::ProtocolVersion::RESP3)
-                .push_sender(push);
-        }
+                .push_sender(push),
+            // The command connection sends each request once; `redirects.rs` follows the
+            // answers that say it did not run.
+            None => builder.retries(0),
+        };
         if self.map_seeds {
             builder = builder.node_address_map(self.seed_map(options).await);
         }

@@ -11,6 +11,7 @@ mod keys;
 mod notices;
 mod ops;
 mod permits;
+mod redirects;
 mod redlock;
 mod replicas;
 mod replicated;

@@ -13,6 +13,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::endpoint::{Endpoint, Options};
 use crate::keys::KeySpace;
+use crate::redirects;
 use crate::replicas::{Call, Waiting};
 use crate::scripts::{self, LockScripts, PermitScripts};
 use crate::sentinel::Sentinel;
@@ -54,7 +55,8 @@ pub(crate) struct Holder {
     pub(crate) value: Option<String>,
 }
 
-/// The command connection: to one server, or to a cluster through the driver's cluster client.
+/// The command connection: to one server, or to a cluster through the driver's cluster client
+/// (each request sent once: see `redirects.rs`).
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
@@ -65,7 +67,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(redirects::command(c, cmd)),
         }
     }
 
@@ -77,7 +79,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => Box::pin(redirects::pipeline(c, pipeline, offset, count)),
         }
     }
 

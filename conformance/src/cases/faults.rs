@@ -233,6 +233,7 @@ pub static THROUGH_PROXIES: &[&str] = &[
     "a_lost_reentry_is_given_back_and_the_live_hold_kept",
     "a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone",
     "a_release_the_server_never_got_is_sent_again",
+    "a_release_applied_before_its_connection_closed_is_not_applied_again",
     "waiter_outlives_a_server_outage_and_leaves_nothing_behind",
 ];
 

@@ -213,6 +213,66 @@ pub(super) async fn a_release_the_server_never_got_is_sent_again(cx: Ctx) {
     cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
+/// An explicit owner holds twice (a re-entry). One guard's release reaches the server, which
+/// applies it, and its answer is lost; then the connection closes (the link heals, and a
+/// firewall drops the connection that lost bytes) while the client still waits. Whatever the
+/// client does next, on a new connection, must not apply that release again: the owner keeps
+/// its other hold, exactly one, and nobody else gets the lock until that guard releases it.
+/// A driver that re-sends a request whose connection dropped (as a cluster client may, to follow
+/// a moved slot) would take the live guard's hold with it.
+pub(super) async fn a_release_applied_before_its_connection_closed_is_not_applied_again(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("closed-release");
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(600))
+        .owner(OwnerId::new("ledger").unwrap());
+    let outer = c.try_lock_with(&name, &long).await.unwrap().expect("free");
+    let inner = c
+        .try_lock_with(&name, &long)
+        .await
+        .unwrap()
+        .expect("re-entered");
+    assert_eq!(holder_of(&other, &name).await.map(|_| ()), Some(()));
+    link.mute();
+    let releasing = tokio::spawn(async move { inner.release().await });
+    // The release is on the server by now, well within the client's operation timeout.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    link.heal();
+    let released = within_a_minute(releasing).await.expect("the release task");
+    if let Err(e) = &released {
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    }
+    until_answering(&c, &name).await;
+    // Any settling of the lost answer has looked several times by now (see above).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let info = other.holder(&name).await.unwrap().unwrap_or_else(|| {
+        panic!(
+            "the release ({released:?}) was applied twice: the lock is free while a guard holds it"
+        )
+    });
+    assert_eq!(&info.owner, outer.owner());
+    assert_eq!(
+        info.hold_count, 1,
+        "the owner's holds after one of its two guards released ({released:?})"
+    );
+    assert!(other.try_lock(&name).await.unwrap().is_none());
+    assert!(!outer.is_lost());
+    assert!(
+        outer.release().await.unwrap(),
+        "the outer guard no longer held"
+    );
+    let g = other
+        .try_lock(&name)
+        .await
+        .unwrap()
+        .expect("free once both guards released");
+    assert!(g.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
+}
+
 /// Waits until `c`, cut off and healed, answers a read again. A client may reconnect after a
 /// cut (a cluster client also reloads its slot map), and what follows must run with the server
 /// answering it: a give-back given time to look, a guard's release through `c`.
