@@ -153,7 +153,9 @@ impl Scenario {
             Scenario::LeaseShrink => "fixed leases extended to shorter and longer TTLs",
             Scenario::OobDelete => "the lock deleted behind its holder's back on the server",
             Scenario::LostReplies => {
-                "one holder's proxy swallows the server's answers for longer than the lease"
+                "blips (every client's answers swallowed for 250 ms, then the connections \
+                 closed while requests wait), then one holder's proxy swallows the server's \
+                 answers for longer than the lease"
             }
             Scenario::ClientCut => {
                 "one holder's proxy swallows everything, both ways, past the lease"

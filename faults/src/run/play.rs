@@ -94,6 +94,34 @@ pub(crate) async fn play(
             }
         }
         Scenario::LostReplies | Scenario::ClientCut => {
+            if scenario == Scenario::LostReplies {
+                // First blips: every client's answers swallowed for 250 ms, then its link
+                // healed, which closes the connections that lost answers while their requests
+                // still wait. A request the server ran must not run again on a new connection
+                // (a release run twice takes a hold a live guard relies on).
+                let blips = (ttl.as_millis() / 400).clamp(2, 10);
+                note(
+                    format!(
+                        "{blips} blips: every client's answers lost for 250 ms, then its \
+                         connections closed"
+                    ),
+                    None,
+                    false,
+                    None,
+                );
+                for _ in 0..blips {
+                    routes
+                        .iter()
+                        .flat_map(|r| &r.proxies)
+                        .for_each(|p| p.mute(true));
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    routes
+                        .iter()
+                        .flat_map(|r| &r.proxies)
+                        .for_each(|p| p.heal());
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+            }
             let target = find_holder(&pids).await;
             let pid = target.as_ref().map_or(pids[0], |t| t.0);
             let i = pids.iter().position(|&p| p == pid).unwrap_or(0);
