@@ -15,8 +15,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
+use crate::conn::{Conn, Remake};
 use crate::endpoint::{ClusterSpec, Endpoint, Options};
-use crate::ops::{driver_error, Conn, Server};
+use crate::ops::{driver_error, Server};
 use crate::scripts;
 
 impl ClusterSpec {
@@ -38,7 +39,7 @@ impl ClusterSpec {
             Some(push) => builder
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(push),
-            // The command connection sends each request once; `redirects.rs` follows the
+            // The command connection sends each request once; `conn.rs` follows the
             // answers that say it did not run.
             None => builder.retries(0),
         };
@@ -104,10 +105,11 @@ impl Server {
         let limit = options.client.connect_timeout + options.client.operation_timeout;
         let connecting = async {
             let client = spec.client(options, None).await?;
-            client.get_async_connection().await
+            let conn = client.get_async_connection().await?;
+            Ok::<_, redis::RedisError>((client, conn))
         };
-        let conn = match tokio::time::timeout(limit, connecting).await {
-            Ok(Ok(conn)) => conn,
+        let (client, conn) = match tokio::time::timeout(limit, connecting).await {
+            Ok(Ok(made)) => made,
             Ok(Err(e)) => return Err(driver_error(backend, endpoint, "connect", e)),
             Err(_) => {
                 return Err(Error::new(
@@ -117,7 +119,8 @@ impl Server {
                 .with_backend(backend))
             }
         };
-        let server = Self::new(Conn::Cluster(conn), endpoint, options, backend);
+        let mut server = Self::new(Conn::Cluster(conn), endpoint, options, backend);
+        server.remake = Some(Remake::new(client, limit));
         let mut conn = server.conn();
         for lua in scripts::all(true) {
             let load = redis::cmd("SCRIPT").arg("LOAD").arg(lua.source).to_owned();

@@ -9,8 +9,9 @@ use std::sync::{Arc, PoisonError};
 use distlock_api::Result;
 use redis::aio::ConnectionManager;
 
+use crate::conn::Conn;
 use crate::endpoint::{Endpoint, Options};
-use crate::ops::{Conn, Server};
+use crate::ops::Server;
 use crate::sentinel::{address, lock, Sentinel};
 
 fn master_may_have_moved(e: &redis::RedisError) -> bool {

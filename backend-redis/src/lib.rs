@@ -5,13 +5,13 @@
 mod backend;
 mod cluster;
 mod config;
+mod conn;
 mod endpoint;
 mod following;
 mod keys;
 mod notices;
 mod ops;
 mod permits;
-mod redirects;
 mod redlock;
 mod replicas;
 mod replicated;

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
 use futures::FutureExt;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Value;
 
+use crate::conn::{Conn, Remake};
 use crate::endpoint::{Endpoint, Options};
 use crate::keys::KeySpace;
-use crate::redirects;
 use crate::replicas::{Call, Waiting};
 use crate::scripts::{self, LockScripts, PermitScripts};
 use crate::sentinel::Sentinel;
@@ -55,48 +54,14 @@ pub(crate) struct Holder {
     pub(crate) value: Option<String>,
 }
 
-/// The command connection: to one server, or to a cluster through the driver's cluster client
-/// (each request sent once: see `redirects.rs`).
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => Box::pin(redirects::command(c, cmd)),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => Box::pin(redirects::pipeline(c, pipeline, offset, count)),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 /// A connection to one server, with the key layout of locks in it.
 pub(crate) struct Server {
     /// The command connection. Replaced after a request times out: a connection that did not
     /// answer in time may be half-open (a peer gone without a reset), and the driver reconnects
     /// only once it sees the connection drop, which may be never.
-    pub(crate) conn: RwLock<Conn>,
+    pub(crate) conn: Arc<RwLock<Conn>>,
+    /// For a cluster: what makes a new cluster connection after a timeout.
+    pub(crate) remake: Option<Arc<Remake>>,
     pub(crate) manager: ConnectionManagerConfig,
     pub(crate) keys: KeySpace,
     /// The lock's scripts and the permits', as this deployment runs them (Redis Cluster
@@ -196,7 +161,8 @@ impl Server {
     ) -> Self {
         let (scripts, permit_scripts) = scripts::of(matches!(conn, Conn::Cluster(_)));
         Self {
-            conn: RwLock::new(conn),
+            conn: Arc::new(RwLock::new(conn)),
+            remake: None,
             manager: Self::manager_config(options),
             keys: options.keys(),
             scripts,
@@ -263,12 +229,19 @@ impl Server {
         }
     }
 
-    /// Puts a fresh connection, made on first use, in place of the current one. Requests in
-    /// flight on the old one finish (or time out) on it.
+    /// Puts a fresh connection in place of the current one: made on first use (one server) or
+    /// in the background (a cluster, see `conn.rs`). Requests in flight on the old one
+    /// finish (or time out) on it.
     pub(crate) fn replace_connection(&self) {
-        // A cluster connection replaces its nodes' connections by itself; a Sentinel
-        // client's is replaced when it follows the master.
-        if self.is_cluster() || self.sentinel.is_some() {
+        if let Some(remake) = &self.remake {
+            let slot = self.conn.clone();
+            remake.start(move |fresh| {
+                *slot.write().unwrap_or_else(PoisonError::into_inner) = Conn::Cluster(fresh);
+            });
+            return;
+        }
+        // A Sentinel client's is replaced when it follows the master.
+        if self.sentinel.is_some() || self.is_cluster() {
             return;
         }
         if let Ok(fresh) = ConnectionManager::new_lazy_with_config(

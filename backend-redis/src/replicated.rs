@@ -7,7 +7,8 @@ use distlock_api::{LockName, OwnerId, Result};
 use redis::aio::ConnectionLike;
 use redis::{Pipeline, ServerErrorKind, Value};
 
-use crate::ops::{millis, Conn, Server};
+use crate::conn::Conn;
+use crate::ops::{millis, Server};
 use crate::replicas::{Acks, Call};
 
 impl Server {

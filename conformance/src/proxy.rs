@@ -18,6 +18,9 @@ use tokio::sync::Notify;
 /// - [`mute`](Proxy::mute): requests still reach the server, answers are swallowed.
 /// - [`delay`](Proxy::delay): every chunk, both ways, is held back this long before it is
 ///   passed on (in order), as a slow or congested link would.
+/// - [`strand`](Proxy::strand): every connection it has now goes silent for good (both ways,
+///   never closed, not even by a heal) while new ones flow: a half-open connection, as a peer
+///   whose host rebooted or an expired NAT entry leaves behind.
 /// - [`heal`](Proxy::heal): new connections flow again. A connection that lost bytes can
 ///   never be resumed (its stream would be corrupt), so those are closed, as a stateful
 ///   firewall would drop them; the client sees them end and reconnects.
@@ -38,6 +41,9 @@ struct Flags {
     /// if it missed that heal's notice (sent while it was busy with a chunk, not waiting).
     heals: AtomicU64,
     round_trips: AtomicU64,
+    /// How many times the proxy stranded its connections: a connection accepted before the
+    /// latest strand is silent for good.
+    strands: AtomicU64,
     /// How long each chunk is held back, in µs.
     delay_us: AtomicU64,
 }
@@ -63,6 +69,7 @@ impl Proxy {
             healed: Notify::new(),
             heals: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
+            strands: AtomicU64::new(0),
             delay_us: AtomicU64::new(0),
         });
         let task = {
@@ -78,8 +85,10 @@ impl Proxy {
                     // Whether the server spoke since the client last did (or the client has
                     // not spoken yet): the client's next bytes begin a round trip.
                     let turn = Arc::new(AtomicBool::new(true));
-                    tokio::spawn(pipe(cr, sw, flags.clone(), false, turn.clone()));
-                    tokio::spawn(pipe(sr, cw, flags.clone(), true, turn));
+                    let born = flags.strands.load(Ordering::SeqCst);
+                    let pair = |answers, turn| (flags.clone(), answers, born, turn);
+                    tokio::spawn(pipe(cr, sw, pair(false, turn.clone())));
+                    tokio::spawn(pipe(sr, cw, pair(true, turn)));
                 }
             })
         };
@@ -117,6 +126,11 @@ impl Proxy {
         self.flags.round_trips.load(Ordering::SeqCst)
     }
 
+    /// Leaves every connection it has now silent for good, without closing it; new ones flow.
+    pub fn strand(&self) {
+        self.flags.strands.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Ends a cut: connections that lost bytes are closed, new ones are forwarded.
     pub fn heal(&self) {
         self.flags.cut.store(false, Ordering::SeqCst);
@@ -136,12 +150,13 @@ impl Drop for Proxy {
 /// until the proxy heals, when it ends and so closes both halves. Each chunk is passed on at
 /// its arrival plus the delay then in force, by a writer of its own, so a delay adds latency
 /// without holding back the chunks behind it.
+///
+/// A pipe of a connection accepted before the latest strand swallows everything until the peer
+/// closes its side, whatever else happens.
 async fn pipe(
     mut from: OwnedReadHalf,
     to: OwnedWriteHalf,
-    flags: Arc<Flags>,
-    answers: bool,
-    turn: Arc<AtomicBool>,
+    (flags, answers, born, turn): (Arc<Flags>, bool, u64, Arc<AtomicBool>),
 ) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(forward(rx, to));
@@ -171,6 +186,16 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if flags.strands.load(Ordering::SeqCst) != born {
+            // Stranded: silent for good. The writer half stays open until the peer closes.
+            let _keep = tx;
+            while let Ok(n) = from.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+            }
+            return;
+        }
         if poisoned_at.is_none() {
             let heals = flags.heals.load(Ordering::SeqCst);
             let muted = answers && flags.muted.load(Ordering::SeqCst);

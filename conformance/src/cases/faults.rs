@@ -234,6 +234,7 @@ pub static THROUGH_PROXIES: &[&str] = &[
     "a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone",
     "a_release_the_server_never_got_is_sent_again",
     "a_release_applied_before_its_connection_closed_is_not_applied_again",
+    "a_client_whose_connections_went_silent_works_again_on_new_ones",
     "waiter_outlives_a_server_outage_and_leaves_nothing_behind",
 ];
 
@@ -279,6 +280,10 @@ impl Link {
 
     pub(super) fn heal(&self) {
         self.proxies.iter().for_each(Proxy::heal);
+    }
+
+    pub(super) fn strand(&self) {
+        self.proxies.iter().for_each(Proxy::strand);
     }
 
     pub(super) fn mute(&self) {

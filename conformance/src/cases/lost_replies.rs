@@ -273,6 +273,59 @@ pub(super) async fn a_release_applied_before_its_connection_closed_is_not_applie
     cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
 
+/// Every connection the client has goes silent for good without closing (a half-open
+/// connection: the server's host rebooted, a NAT entry expired), while new connections would
+/// work. The calls that meet the silence may fail `Unavailable`, each within its timeout, but
+/// the client must not keep the dead connections: within a minute it acquires and releases
+/// again, on new ones.
+pub(super) async fn a_client_whose_connections_went_silent_works_again_on_new_ones(cx: Ctx) {
+    let link = Link::new(&cx).await;
+    let c = link.client(&cx).await;
+    let other = cx.client().await;
+    let name = cx.name("silent");
+    // Connections in use first, so that the silence meets them.
+    let g = c.try_lock(&name).await.unwrap().expect("free");
+    assert!(g.release().await.unwrap());
+    link.strand();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    let g = loop {
+        let call = Instant::now();
+        match tokio::time::timeout(Duration::from_secs(30), c.try_lock(&name)).await {
+            Ok(Ok(Some(g))) => break g,
+            Ok(Ok(None)) => panic!(
+                "refused: held by {:?} (the give-back of a lost acquire should free it)",
+                holder_of(&other, &name).await
+            ),
+            Ok(Err(e)) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                failed.push(format!("{:?}: {e}", call.elapsed()));
+            }
+            Err(_) => panic!("a try_lock on a silent connection got no answer in 30 s"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "still failing a minute after the connections went silent: {failed:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "{}: acquired on new connections {:?} after the silence, {} failed calls first",
+        cx.harness().backend(),
+        started.elapsed(),
+        failed.len()
+    );
+    assert!(g.release().await.unwrap());
+    let again = c
+        .try_lock(&name)
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert!(again.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
+}
+
 /// Waits until `c`, cut off and healed, answers a read again. A client may reconnect after a
 /// cut (a cluster client also reloads its slot map), and what follows must run with the server
 /// answering it: a give-back given time to look, a guard's release through `c`.

@@ -200,6 +200,7 @@ cases! {
     a_lost_acquire_by_an_owner_that_holds_leaves_its_hold_alone: remote_per_lock_ttl,
     a_release_the_server_never_got_is_sent_again: remote_per_lock_ttl,
     a_release_applied_before_its_connection_closed_is_not_applied_again: remote_reentrant_per_lock_ttl,
+    a_client_whose_connections_went_silent_works_again_on_new_ones: remote,
     with_lock_runs_the_work_under_the_lock_and_releases: always,
     with_lock_stops_the_work_when_the_lock_is_lost: renewal,
     extend_to_a_shorter_lease_keeps_the_guard_honest: per_lock_ttl,

@@ -1,22 +1,71 @@
-//! Every request of the cluster command connection is sent once: the driver's client is built
-//! without retries ([`ClusterSpec::client`](crate::endpoint::ClusterSpec)), because it would
-//! send a script again after its connection dropped, when the node may have run it already. A
-//! release run twice takes a hold a live guard of its owner relies on, and an acquire run twice
-//! adds one nobody accounts for. An unknown outcome is left to the core, which settles it by
-//! looking first (see `lost_reply` in `distlock-api`).
+//! The command connection ([`Conn`]): to one server through the driver's connection manager,
+//! or to a cluster through its cluster client. What follows is the cluster's: each request
+//! sent once, and the connection remade after a request timed out.
 //!
-//! What the driver's retries did for answers that say the request did *not* run is done here:
+//! **Once.** The driver's client is built without retries ([`ClusterSpec::client`]), because
+//! it would send a script again after its connection dropped, when the node may have run it
+//! already. A release run twice takes a hold a live guard of its owner relies on, and an
+//! acquire run twice adds one nobody accounts for. An unknown outcome is left to the core,
+//! which settles it by looking first (see `lost_reply` in `distlock-api`). What the driver's
+//! retries did for answers that say the request did *not* run is done here:
 //! - `MOVED`: sent to the node named (the driver reloads its slot map meanwhile);
 //! - `ASK` (a slot being migrated): sent to the node named, behind `ASKING`, in one write;
 //! - `TRYAGAIN`, `CLUSTERDOWN`, no connection to the slot's node yet, a refused connection:
 //!   sent again after a pause, while the pauses last (0.75 s in all).
+//!
+//! **Remade.** The driver replaces a node's connection only once it sees it fail. One that went
+//! silent without closing (a half-open connection: the node's host rebooted, a NAT entry
+//! expired) fails nothing but the requests that time out on it, until TCP gives up on it many
+//! minutes later. So after a timeout a new cluster connection is made in the background, from
+//! the seeds, and takes the old one's place ([`Remake`]); requests in flight finish on the old.
+//!
+//! [`ClusterSpec::client`]: crate::endpoint::ClusterSpec
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
-use redis::{Cmd, ErrorKind, Pipeline, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value};
+
+/// The command connection: to one server, or to a cluster through the driver's cluster client
+/// (each request sent once, remade after a timeout: see above).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(command(c, cmd)),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => Box::pin(self::pipeline(c, pipeline, offset, count)),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// Redirects followed for one request: enough for a slot moved on while it was redirected.
 const HOPS: usize = 5;
@@ -150,4 +199,42 @@ fn address((hostport, _slot): (&str, u16)) -> Option<SingleNodeRoutingInfo> {
 
 fn no_reply() -> redis::RedisError {
     redis::RedisError::from((ErrorKind::UnexpectedReturnType, "no reply from the cluster"))
+}
+
+/// What makes a new cluster connection after a timeout: the driver's client (the seeds and
+/// options), and whether a new connection is being made.
+pub(crate) struct Remake {
+    client: ClusterClient,
+    /// The bound on making one (the connect and operation timeouts).
+    limit: Duration,
+    busy: AtomicBool,
+}
+
+impl Remake {
+    pub(crate) fn new(client: ClusterClient, limit: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            limit,
+            busy: AtomicBool::new(false),
+        })
+    }
+
+    /// Makes a new cluster connection in the background and hands it to `install` (one at a
+    /// time; if it cannot be made in time, nothing changes).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        install: impl FnOnce(ClusterConnection) + Send + 'static,
+    ) {
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let made = tokio::time::timeout(this.limit, this.client.get_async_connection()).await;
+            if let Ok(Ok(fresh)) = made {
+                install(fresh);
+            }
+            this.busy.store(false, Ordering::SeqCst);
+        });
+    }
 }
