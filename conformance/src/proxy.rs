@@ -86,9 +86,8 @@ impl Proxy {
                     // not spoken yet): the client's next bytes begin a round trip.
                     let turn = Arc::new(AtomicBool::new(true));
                     let born = flags.strands.load(Ordering::SeqCst);
-                    let pair = |answers, turn| (flags.clone(), answers, born, turn);
-                    tokio::spawn(pipe(cr, sw, pair(false, turn.clone())));
-                    tokio::spawn(pipe(sr, cw, pair(true, turn)));
+                    tokio::spawn(pipe(cr, sw, flags.clone(), false, born, turn.clone()));
+                    tokio::spawn(pipe(sr, cw, flags.clone(), true, born, turn));
                 }
             })
         };
@@ -156,7 +155,10 @@ impl Drop for Proxy {
 async fn pipe(
     mut from: OwnedReadHalf,
     to: OwnedWriteHalf,
-    (flags, answers, born, turn): (Arc<Flags>, bool, u64, Arc<AtomicBool>),
+    flags: Arc<Flags>,
+    answers: bool,
+    born: u64,
+    turn: Arc<AtomicBool>,
 ) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(forward(rx, to));

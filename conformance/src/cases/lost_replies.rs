@@ -137,17 +137,7 @@ pub(super) async fn a_lost_reentry_is_given_back_and_the_live_hold_kept(cx: Ctx)
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(holds, 1, "the lost re-entry's hold was never given back");
-    assert!(!held.is_lost());
-    assert!(other.try_lock(&name).await.unwrap().is_none());
-    assert!(held.release().await.unwrap());
-    let g = other
-        .try_lock(&name)
-        .await
-        .unwrap()
-        .expect("free once the guard released its one hold");
-    assert!(g.release().await.unwrap());
-    // Settled in the background: every master, row or key is clean again, in time.
-    cx.until_nothing_is_left(Duration::from_secs(30)).await;
+    only_the_guard_holds_until_it_releases(&cx, &other, &name, held).await;
 }
 
 /// An explicit owner holds; its second acquire never reaches the server (the link is cut). The
@@ -257,20 +247,7 @@ pub(super) async fn a_release_applied_before_its_connection_closed_is_not_applie
         info.hold_count, 1,
         "the owner's holds after one of its two guards released ({released:?})"
     );
-    assert!(other.try_lock(&name).await.unwrap().is_none());
-    assert!(!outer.is_lost());
-    assert!(
-        outer.release().await.unwrap(),
-        "the outer guard no longer held"
-    );
-    let g = other
-        .try_lock(&name)
-        .await
-        .unwrap()
-        .expect("free once both guards released");
-    assert!(g.release().await.unwrap());
-    // Settled in the background: every master, row or key is clean again, in time.
-    cx.until_nothing_is_left(Duration::from_secs(30)).await;
+    only_the_guard_holds_until_it_releases(&cx, &other, &name, outer).await;
 }
 
 /// Every connection the client has goes silent for good without closing (a half-open
@@ -322,6 +299,27 @@ pub(super) async fn a_client_whose_connections_went_silent_works_again_on_new_on
         .unwrap()
         .expect("free after the release");
     assert!(again.release().await.unwrap());
+    // Settled in the background: every master, row or key is clean again, in time.
+    cx.until_nothing_is_left(Duration::from_secs(30)).await;
+}
+
+/// The end of a case where `guard` is left the name's one hold: it still believes, nobody else
+/// gets the lock, its release frees it, and nothing is left behind.
+async fn only_the_guard_holds_until_it_releases(
+    cx: &Ctx,
+    other: &Arc<dyn DistributedLock>,
+    name: &str,
+    guard: LockGuard,
+) {
+    assert!(!guard.is_lost());
+    assert!(other.try_lock(name).await.unwrap().is_none());
+    assert!(guard.release().await.unwrap(), "the guard no longer held");
+    let g = other
+        .try_lock(name)
+        .await
+        .unwrap()
+        .expect("free once the guard released its one hold");
+    assert!(g.release().await.unwrap());
     // Settled in the background: every master, row or key is clean again, in time.
     cx.until_nothing_is_left(Duration::from_secs(30)).await;
 }
