@@ -412,7 +412,12 @@ async fn a_permits_session_ending_frees_it() {
     let reason = tokio::time::timeout(BOUND, lost)
         .await
         .expect("lost() did not fire after the session ended");
-    assert!(matches!(reason, LostReason::Session(_)), "{reason:?}");
+    // The server's notice that the session ended says `Session`; a holder whose client the
+    // attach kicked off may first see its safe-until pass unconfirmed, and say `Expired`.
+    assert!(
+        matches!(reason, LostReason::Session(_) | LostReason::Expired),
+        "{reason:?}"
+    );
     let (granted, g) = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
     let g = g.expect("the waiter's permit");
     eprintln!(

@@ -113,7 +113,12 @@ async fn expired_session_fires_lost_and_the_next_waiter_acquires() {
         .await
         .expect("lost() did not fire after the session expired");
     let lost_after = expired_at.elapsed();
-    assert!(matches!(reason, LostReason::Session(_)), "{reason:?}");
+    // The server's notice that the session ended says `Session`; a holder whose client the
+    // attach kicked off may first see its safe-until pass unconfirmed, and say `Expired`.
+    assert!(
+        matches!(reason, LostReason::Session(_) | LostReason::Expired),
+        "{reason:?}"
+    );
     assert!(g.is_lost());
 
     let (acquired_at, g2) = tokio::time::timeout(BOUND, waiting)

@@ -9,6 +9,8 @@ use crate::history::Fault;
 /// victim, which could not know sooner (the fencing token protects the resource meanwhile):
 /// - a grant whose guard reported the lock lost within the allowance after the deletion (a
 ///   watchdog lease learns at its next renewal);
+/// - a grant that held at the deletion and was released or dropped within that allowance,
+///   before the notice could reach it: its belief ended as soon as a learning one's would have;
 /// - a fixed lease held (or being granted) at the deletion whose belief ended by the
 ///   safe-until the server had promised it before the deletion was done: such a holder does
 ///   not speak to the server until it extends or releases, so nothing can tell it sooner.
@@ -27,7 +29,8 @@ pub(super) fn deletion_race(
         x.deleted.as_deref() == Some(name)
             && x.at <= later
             && [a, b].iter().any(|v| {
-                let learned = v.lost && x.at <= v.end && v.end <= x.done + expect.allowance_ns;
+                let ended_in_time = x.at <= v.end && v.end <= x.done + expect.allowance_ns;
+                let learned = ended_in_time && (v.lost || v.start <= x.at);
                 let promised = v
                     .promised
                     .iter()

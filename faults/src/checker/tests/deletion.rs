@@ -145,3 +145,53 @@ fn a_fixed_lease_deleted_behind_its_holder_may_believe_until_what_it_was_promise
         c.violations
     );
 }
+
+#[test]
+fn a_holder_that_lets_go_before_the_deletion_reaches_it_is_the_race_only_within_the_allowance() {
+    // A watchdog hold (pid 1) granted at 10; its node is deleted at 30 (answered at 31), and
+    // another client is granted at 33. The victim's release or drop, which knew nothing of the
+    // deletion, ends its belief at `victim_end`.
+    let deletion = [deletion(30, 31)];
+    let expect = Expect {
+        oob_delete: true,
+        allowance_ns: 100,
+        ..Expect::default()
+    };
+    let run = |victim_end: u64| {
+        let h = [
+            acquire(1, 1, 5, 10),
+            end(1, 1, victim_end),
+            acquire(2, 1, 6, 33),
+            end(2, 1, 300),
+        ];
+        check(&h, &deletion, &BTreeMap::new(), 400, expect)
+    };
+    // Let go 24 after the deletion: as soon as a renewal would have told it.
+    let c = run(55);
+    assert!(c.violations.is_empty(), "{:?}", c.violations);
+    assert_eq!(c.expected_overlaps, 1);
+    // Still believing past the allowance (31 + 100): a violation that names the deletion.
+    let c = run(140);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.starts_with("mutual exclusion") && v.contains("deleted \"n\"")),
+        "{:?}",
+        c.violations
+    );
+    // The newcomer's early release excuses nothing: it did not hold at the deletion.
+    let h = [
+        acquire(1, 1, 5, 10),
+        end(1, 1, 250),
+        acquire(2, 1, 6, 33),
+        end(2, 1, 40),
+    ];
+    let c = check(&h, &deletion, &BTreeMap::new(), 400, expect);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.starts_with("mutual exclusion")),
+        "{:?}",
+        c.violations
+    );
+}
