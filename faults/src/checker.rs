@@ -232,10 +232,20 @@ pub(crate) fn check(
                 _ => None,
             })
             .collect();
+        let recorded = ended.is_some();
         let (end, why, lost) = match (ended, killed.get(&id.pid)) {
             (Some((end, why, lost)), _) => (end, why, lost || learned),
             (None, Some(&at)) => (killed_end(&by_id[id], *fixed, at), "killed".into(), false),
             (None, None) => (run_end, "no end recorded: the run's end".to_string(), false),
+        };
+        // A holder that wrote no end may still have been told first, by its lost() watcher.
+        let told = by_id[id].iter().find_map(|r| match r {
+            Rec::Lost { at, .. } => Some(*at),
+            _ => None,
+        });
+        let (end, why, lost) = match told {
+            Some(at) if !recorded && at < end => (at, "lost (no end recorded)".into(), true),
+            _ => (end, why, lost),
         };
         grants.push(Grant {
             id: *id,

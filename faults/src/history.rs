@@ -75,6 +75,16 @@ pub(crate) enum Rec {
         /// Why `lost()` fired, if it did.
         lost: Option<String>,
     },
+    /// The guard's `lost()` fired: written at once by a watcher, since the holding task writes
+    /// the end only when it next runs (a holder killed while it sleeps writes none).
+    Lost {
+        /// The acquisition.
+        id: OpId,
+        /// When `lost()` fired.
+        at: u64,
+        /// Why.
+        reason: String,
+    },
     /// A release's answer.
     Release {
         /// The acquisition.
@@ -194,6 +204,7 @@ impl Rec {
         match self {
             Rec::Acquire { id, .. }
             | Rec::End { id, .. }
+            | Rec::Lost { id, .. }
             | Rec::Release { id, .. }
             | Rec::Write { id, .. }
             | Rec::Incr { id, .. }

@@ -15,11 +15,20 @@ impl Worker {
         let lost_at: LostAt = Arc::default();
         {
             let lost = guard.lost();
-            let lost_at = lost_at.clone();
+            let (lost_at, out) = (lost_at.clone(), self.out.clone());
             tokio::spawn(async move {
                 let reason = lost.await;
                 if !matches!(reason, LostReason::Released) {
-                    *lost_at.lock().expect("lost_at") = Some((clock::now(), reason.to_string()));
+                    let (at, reason) = (clock::now(), reason.to_string());
+                    record(
+                        &out,
+                        &Rec::Lost {
+                            id,
+                            at,
+                            reason: reason.clone(),
+                        },
+                    );
+                    *lost_at.lock().expect("lost_at") = Some((at, reason));
                 }
             });
         }
