@@ -157,21 +157,21 @@ fn a_holder_that_lets_go_before_the_deletion_reaches_it_is_the_race_only_within_
         allowance_ns: 100,
         ..Expect::default()
     };
-    let run = |victim_end: u64| {
+    let run = |victim_end: u64, newcomer_end: u64| {
         let h = [
             acquire(1, 1, 5, 10),
             end(1, 1, victim_end),
             acquire(2, 1, 6, 33),
-            end(2, 1, 300),
+            end(2, 1, newcomer_end),
         ];
         check(&h, &deletion, &BTreeMap::new(), 400, expect)
     };
     // Let go 24 after the deletion: as soon as a renewal would have told it.
-    let c = run(55);
+    let c = run(55, 300);
     assert!(c.violations.is_empty(), "{:?}", c.violations);
     assert_eq!(c.expected_overlaps, 1);
     // Still believing past the allowance (31 + 100): a violation that names the deletion.
-    let c = run(140);
+    let c = run(140, 300);
     assert!(
         c.violations
             .iter()
@@ -180,13 +180,7 @@ fn a_holder_that_lets_go_before_the_deletion_reaches_it_is_the_race_only_within_
         c.violations
     );
     // The newcomer's early release excuses nothing: it did not hold at the deletion.
-    let h = [
-        acquire(1, 1, 5, 10),
-        end(1, 1, 250),
-        acquire(2, 1, 6, 33),
-        end(2, 1, 40),
-    ];
-    let c = check(&h, &deletion, &BTreeMap::new(), 400, expect);
+    let c = run(250, 40);
     assert!(
         c.violations
             .iter()
