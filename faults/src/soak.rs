@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::checker::Expect;
 use crate::clock;
-use crate::matrix::{Backend, Scenario, SCENARIOS};
+use crate::matrix::{Backend, Scenario, Topology, SCENARIOS};
 use crate::run::{self, Nemesis, Plan, RunResult, Shape};
 
 /// The shortest soak: a lead, a few faults and the tail in which no fault starts.
@@ -58,25 +58,33 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// The private deployment a soak of `backend` runs on, as the scenario that starts it: one
-/// server, RedLock's five masters, or a 3-member cluster; or why there is no soak of it.
+/// server, RedLock's five masters, a 3-member cluster, Redis through Sentinel or a Redis
+/// Cluster; or why there is no soak of it.
 fn setup(backend: &Backend) -> Result<Scenario, &'static str> {
     match backend.key() {
         "memory" => Err("in-process only: client processes cannot share an in-memory store"),
-        _ if backend.topology().is_some() => Err(
-            "not soaked yet (Redis through Sentinel or on a Cluster): a failover leaves the \
-             topology changed (the old master a replica), so repeating one needs a nemesis that \
-             tracks the master",
-        ),
-        "redlock" => Ok(Scenario::MastersRestart),
-        "etcd" | "zk" => Ok(Scenario::LeaderKill),
-        _ => Ok(Scenario::ServerPause),
+        _ => match backend.topology() {
+            Some(Topology::Sentinel) => Ok(Scenario::SentinelFailover),
+            Some(Topology::Cluster) => Ok(Scenario::ClusterFailover),
+            None => Ok(single(backend)),
+        },
+    }
+}
+
+/// The deployment of a backend without a topology of Redis servers.
+fn single(backend: &Backend) -> Scenario {
+    match backend.key() {
+        "redlock" => Scenario::MastersRestart,
+        "etcd" | "zk" => Scenario::LeaderKill,
+        _ => Scenario::ServerPause,
     }
 }
 
 /// Whether `s`'s fault can be played, again and again, on `setup`'s deployment: faults on the
 /// clients, and faults on the server that need no other kind of deployment (no restart without
-/// persistence, no clock under libfaketime, no Sentinel or Cluster) and no client pinned to one member
-/// from the start (the follower or leader rows: the leader moves during a soak).
+/// persistence, no clock under libfaketime) and no client pinned to one member from the start
+/// (the follower or leader rows: the leader moves during a soak). A Sentinel or Cluster
+/// topology's faults find the member they fault each time (after a failover, another).
 fn soakable(s: Scenario, setup: Scenario) -> bool {
     match s {
         Scenario::Baseline
@@ -89,7 +97,7 @@ fn soakable(s: Scenario, setup: Scenario) -> bool {
         | Scenario::MemberCut
         | Scenario::LeaderCut
         | Scenario::Timing(_) => false,
-        s if s.topology().is_some() => false,
+        s if s.topology() != setup.topology() => false,
         s => s.members() == 0 || s.members() == setup.members(),
     }
 }
@@ -98,11 +106,19 @@ impl Plan {
     /// The faults that apply to `backend` and can be played on its soak's deployment.
     fn of(backend: &Backend) -> Result<(Scenario, Plan), &'static str> {
         let setup = setup(backend)?;
-        let pool = SCENARIOS
+        let pool: Vec<Scenario> = SCENARIOS
             .iter()
             .copied()
             .filter(|&s| s.applies(backend).is_ok() && soakable(s, setup))
             .collect();
+        if pool.is_empty() {
+            // Redis through Sentinel without sync_replicas: the failover rows are its only
+            // faults, and without waiting for a replica they can hand a name out again.
+            return Err(
+                "no fault applies: its only faults are failovers, which without \
+                 sync_replicas can hand a name out again (the campaign's negative controls)",
+            );
+        }
         Ok((
             setup,
             Plan {
@@ -460,7 +476,7 @@ mod tests {
     fn every_soaked_backend_draws_only_faults_that_apply_and_fit_its_deployment() {
         for b in backends() {
             let Ok((setup, plan)) = Plan::of(&b) else {
-                assert!(b.key() == "memory" || b.topology().is_some(), "{b:?}");
+                assert!(matches!(b.key(), "memory" | "redis-sentinel"), "{b:?}");
                 continue;
             };
             assert!(!plan.pool.is_empty(), "{b:?}");
@@ -488,6 +504,32 @@ mod tests {
             "{keys:?}"
         );
         assert!(!keys.contains(&"server-restart-volatile"), "{keys:?}");
+        // Redis through Sentinel or on a Cluster: its topology's own faults, those that are
+        // safe with its mode (a failover needs sync_replicas).
+        let pool = |key: &str| {
+            let b = backends().into_iter().find(|b| b.key() == key).expect(key);
+            let keys: Vec<&str> = Plan::of(&b)
+                .expect(key)
+                .1
+                .pool
+                .iter()
+                .map(|s| s.key())
+                .collect();
+            keys
+        };
+        assert_eq!(
+            pool("redis-sentinel-sync"),
+            ["sentinel-failover", "sentinel-failover-lagging"]
+        );
+        assert_eq!(
+            pool("redis-cluster-sync"),
+            [
+                "cluster-failover",
+                "cluster-slot-migration",
+                "cluster-primary-cut"
+            ]
+        );
+        assert_eq!(pool("redis-cluster"), ["cluster-slot-migration"]);
     }
 
     /// Measures the checker on a kept soak history (`DISTLOCK_FAULTS_KEEP=1`) laid end to end

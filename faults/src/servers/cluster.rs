@@ -3,7 +3,8 @@
 //! to 5 their replicas (3 follows 0, 4 follows 1, 5 follows 2), on a short node timeout. The
 //! nodes announce their namespace addresses, which the clients in the root namespace reach over
 //! the bridge, so the URL needs no `map_seeds`. The run draws its names until all of them hash
-//! to primary 0's slots, so the faults in `cluster/faults.rs` hit every name.
+//! to primary 0's slots, so the faults in `cluster/faults.rs` hit every name; each fault asks
+//! the cluster which members serve those slots now (after a failover, the promoted replica).
 
 mod faults;
 mod slots;
@@ -20,7 +21,7 @@ use slots::{initial_slots, key_slot};
 pub(super) const NODE_TIMEOUT_MS: u64 = 1000;
 /// The port every member serves on (the cluster bus is this + 10000).
 const PORT: u16 = 6379;
-/// The primary whose slots hold the run's names: the one the nemesis faults.
+/// The primary whose slots hold the run's names when the cluster starts.
 const FAULTED: usize = 0;
 
 impl Deployment {

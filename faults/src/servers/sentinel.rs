@@ -102,16 +102,17 @@ impl Deployment {
     /// The nemesis: (lagging: the replicas drop the master's traffic for [`LAG`]) the master
     /// killed, the promotion awaited (the replicas healed then), the old master restarted a
     /// second later, and the fault's end awaited: the new master with both replicas (the old
-    /// master made one by Sentinel). `Ok(Some(e))`: a fault could not be undone.
+    /// master made one by Sentinel). The master is whichever member Sentinel names now, so a
+    /// soak can fail over again and again. `Ok(Some(e))`: a fault could not be undone.
     pub(crate) async fn failover(
         &mut self,
         lagging: bool,
         note: Note<'_>,
     ) -> Result<Option<String>, String> {
-        let master = self.members[0].ip.clone();
+        let (old, master) = self.master().await?;
         let mut undo = None;
         if lagging {
-            for m in &self.members[1..] {
+            for m in self.replicas_of(old) {
                 nft(
                     &m.ns,
                     &format!(
@@ -130,11 +131,11 @@ impl Deployment {
             );
             tokio::time::sleep(LAG).await;
         }
-        self.kill(0);
-        note("SIGKILL master (member 0)".into(), None, false, None);
+        self.kill(old);
+        note(format!("SIGKILL master (member {old})"), None, false, None);
         let killed = Instant::now();
-        // Asked of member 1's sentinel, which the replication cut leaves among the majority.
-        let sentinel = self.members[1].ip.clone();
+        // Asked of a replica's sentinel, which the replication cut leaves among the majority.
+        let sentinel = self.members[(old + 1) % self.members.len()].ip.clone();
         let promoted = poll(PROMOTION_BOUND, "no replica promoted", async || {
             let now = current_master(&sentinel).await?;
             if now != master {
@@ -145,7 +146,7 @@ impl Deployment {
         })
         .await;
         if lagging {
-            for m in &self.members[1..] {
+            for m in self.replicas_of(old) {
                 if let Err(e) = nft(&m.ns, "delete table inet distlock_lag\n") {
                     undo = Some(e);
                 }
@@ -170,7 +171,8 @@ impl Deployment {
         // is asked of Sentinel at each look, not assumed to be the promoted one: a failover
         // that Sentinel aborts (its failover-timeout passed on a loaded machine) leaves the
         // restarted old master in charge, with the promoted replica turned back.
-        self.rejoin(0, "old master restarted", false, note).await?;
+        self.rejoin(old, "old master restarted", false, note)
+            .await?;
         let back = Instant::now();
         let replicas = self.members.len() - 1;
         let whole = poll(
@@ -203,6 +205,35 @@ impl Deployment {
             );
         }
         Ok(undo.or(whole.err()))
+    }
+}
+
+impl Deployment {
+    /// Every member but `master`.
+    fn replicas_of(&self, master: usize) -> impl Iterator<Item = &super::Member> {
+        (self.members.iter().enumerate())
+            .filter(move |(i, _)| *i != master)
+            .map(|(_, m)| m)
+    }
+
+    /// The member that is the master now, and its address, as the first sentinel that answers
+    /// names it (member 0 until a failover).
+    async fn master(&self) -> Result<(usize, String), String> {
+        let mut last = String::new();
+        for m in &self.members {
+            match current_master(&m.ip).await {
+                Ok(ip) => {
+                    return match self.members.iter().position(|m| m.ip == ip) {
+                        Some(i) => Ok((i, ip)),
+                        None => Err(format!(
+                            "Sentinel names a master not of this topology: {ip}"
+                        )),
+                    }
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("no sentinel named the master (last: {last})"))
     }
 }
 

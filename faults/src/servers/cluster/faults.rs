@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::super::cli::{cli, cli_ok, poll};
 use super::super::nemesis::PROMOTION_BOUND;
 use super::super::{Deployment, Note};
-use super::{slot_of, FAULTED, PORT};
+use super::slots::shard_in;
+use super::{slot_of, PORT};
 use crate::matrix::Scenario;
 
 /// Keys moved per `MIGRATE`: one, with [`KEY_PAUSE`] after each, so that for a while a name's
@@ -18,8 +19,9 @@ const BATCH: &str = "1";
 const KEY_PAUSE: Duration = Duration::from_millis(100);
 
 impl Deployment {
-    /// Plays `scenario`'s fault on the cluster; `names` are the run's (all in the faulted
-    /// primary's slots), `hold` how long migrated slots stay away. `Ok(Some(e))`: a fault could
+    /// Plays `scenario`'s fault on the cluster; `names` are the run's (all in one primary's
+    /// slots: the faulted one, whichever member serves them now, so that a soak can fault it
+    /// again and again), `hold` how long migrated slots stay away. `Ok(Some(e))`: a fault could
     /// not be undone.
     pub(crate) async fn cluster_fault(
         &mut self,
@@ -28,28 +30,36 @@ impl Deployment {
         hold: Duration,
         note: Note<'_>,
     ) -> Result<Option<String>, String> {
+        let Faulted {
+            primary: faulted,
+            replica,
+            others,
+        } = self.shard(names).await?;
         match scenario {
             Scenario::ClusterFailover => {
-                self.kill(FAULTED);
+                self.kill(faulted);
                 note(
-                    format!("SIGKILL primary (member {FAULTED}), whose slots hold the names"),
+                    format!("SIGKILL primary (member {faulted}), whose slots hold the names"),
                     None,
                     false,
                     None,
                 );
                 let killed = Instant::now();
-                let promoted = self.await_promotion().await;
+                let promoted = self.await_promotion(replica).await;
                 note(
-                    format!("replica promoted {} ms after the kill", ms(killed)),
+                    format!(
+                        "replica (member {replica}) promoted {} ms after the kill",
+                        ms(killed)
+                    ),
                     None,
                     true,
                     None,
                 );
                 promoted?;
                 let rejoined = "old primary restarted (it rejoins as a replica)";
-                self.rejoin(FAULTED, rejoined, true, note).await?;
+                self.rejoin(faulted, rejoined, true, note).await?;
                 let restarted = Instant::now();
-                self.await_replica().await?;
+                self.await_replica(replica).await?;
                 note(
                     format!(
                         "old primary in sync as a replica {} ms after its restart",
@@ -62,10 +72,10 @@ impl Deployment {
                 Ok(None)
             }
             Scenario::ClusterPrimaryCut => {
-                self.cut(FAULTED)?;
+                self.cut(faulted)?;
                 note(
                     format!(
-                        "cut primary (member {FAULTED}) off from its replica and the other \
+                        "cut primary (member {faulted}) off from its replica and the other \
                          primaries (clients still reach it)"
                     ),
                     None,
@@ -73,8 +83,8 @@ impl Deployment {
                     None,
                 );
                 let cut = Instant::now();
-                let promoted = self.await_promotion().await;
-                let healed = self.heal(FAULTED);
+                let promoted = self.await_promotion(replica).await;
+                let healed = self.heal(faulted);
                 note(
                     format!(
                         "replica promoted {} ms after the cut; healed (the old primary rejoins \
@@ -90,19 +100,52 @@ impl Deployment {
             }
             Scenario::ClusterSlotMigration => {
                 let slots: BTreeSet<u16> = names.iter().filter_map(|n| slot_of(n)).collect();
-                let to = FAULTED + 1;
-                self.move_slots(&slots, FAULTED, to, note).await?;
+                let (to, also) = (others[0], &others[1..]);
+                self.move_slots(&slots, [faulted, to], also, note).await?;
                 tokio::time::sleep(hold).await;
-                self.move_slots(&slots, to, FAULTED, note).await?;
+                self.move_slots(&slots, [to, faulted], also, note).await?;
                 Ok(None)
             }
             other => Err(format!("{} is not a cluster row", other.key())),
         }
     }
 
-    /// Waits until the faulted primary's replica has taken over (it says `ROLE` master).
-    async fn await_promotion(&self) -> Result<(), String> {
-        let replica = FAULTED + self.members.len() / 2;
+    /// The members that serve `names` now, once every member that answers agrees on them
+    /// (`CLUSTER NODES`): a primary cut off a moment ago still names itself until it learns of
+    /// its replica's promotion.
+    async fn shard(&self, names: &[String]) -> Result<Faulted, String> {
+        let slot = names
+            .iter()
+            .find_map(|n| slot_of(n))
+            .ok_or("no lock name")?;
+        let member = |ip: &str| self.members.iter().position(|m| m.ip == ip);
+        let what = format!("the members did not agree who serves slot {slot}");
+        let shard = poll(PROMOTION_BOUND, &what, async || {
+            let mut views = Vec::new();
+            for m in &self.members {
+                if let Ok(nodes) = cli(&m.ip, PORT, &["CLUSTER", "NODES"]).await {
+                    views.push(shard_in(&nodes, slot).ok_or(nodes)?);
+                }
+            }
+            match views.split_first() {
+                Some((first, rest)) if rest.iter().all(|v| v == first) => Ok(views.swap_remove(0)),
+                _ => Err(format!("{views:?}")),
+            }
+        })
+        .await?;
+        let others: Option<Vec<usize>> = shard.others.iter().map(|o| member(o)).collect();
+        match (member(&shard.primary), member(&shard.replica), others) {
+            (Some(primary), Some(replica), Some(others)) => Ok(Faulted {
+                primary,
+                replica,
+                others,
+            }),
+            _ => Err(format!("a shard of members not in this cluster: {shard:?}")),
+        }
+    }
+
+    /// Waits until `replica`, the faulted primary's, has taken over (it says `ROLE` master).
+    async fn await_promotion(&self, replica: usize) -> Result<(), String> {
         let ip = &self.members[replica].ip;
         let what = format!("the replica (member {replica}) was not promoted");
         poll(PROMOTION_BOUND, &what, async || {
@@ -114,9 +157,8 @@ impl Deployment {
         .await
     }
 
-    /// Waits until the promoted replica has a replica in sync again (the old primary).
-    async fn await_replica(&self) -> Result<(), String> {
-        let replica = FAULTED + self.members.len() / 2;
+    /// Waits until the promoted `replica` has a replica in sync again (the old primary).
+    async fn await_replica(&self, replica: usize) -> Result<(), String> {
         let ip = &self.members[replica].ip;
         let what = format!("member {replica} got no replica in sync");
         poll(PROMOTION_BOUND, &what, async || {
@@ -130,12 +172,12 @@ impl Deployment {
     /// keep working: the target imports and the source migrates them (clients are sent on with
     /// `ASK`, or `TRYAGAIN` while a name's keys are split), their keys are moved a few at a time
     /// ([`BATCH`]), and every primary is told the new owner (the target first, then the source,
-    /// which answers `MOVED` from then on).
+    /// which answers `MOVED` from then on, then `also`, the other primaries).
     async fn move_slots(
         &self,
         slots: &BTreeSet<u16>,
-        from: usize,
-        to: usize,
+        [from, to]: [usize; 2],
+        also: &[usize],
         note: Note<'_>,
     ) -> Result<(), String> {
         let (from_ip, to_ip) = (&self.members[from].ip, &self.members[to].ip);
@@ -163,7 +205,7 @@ impl Deployment {
             None,
         );
         let started = Instant::now();
-        let moved = self.migrate_keys(slots, from, to, &to_id).await;
+        let moved = self.migrate_keys(slots, [from, to], also, &to_id).await;
         note(
             format!(
                 "slot(s) {list} now on primary {to}: {} in {} ms",
@@ -184,8 +226,8 @@ impl Deployment {
     async fn migrate_keys(
         &self,
         slots: &BTreeSet<u16>,
-        from: usize,
-        to: usize,
+        [from, to]: [usize; 2],
+        also: &[usize],
         to_id: &str,
     ) -> Result<usize, String> {
         let (from_ip, to_ip) = (&self.members[from].ip, &self.members[to].ip);
@@ -209,9 +251,7 @@ impl Deployment {
                 tokio::time::sleep(KEY_PAUSE).await;
             }
         }
-        let primaries = self.members.len() / 2;
-        let others = (0..primaries).filter(|&p| p != from && p != to);
-        for p in [to, from].into_iter().chain(others) {
+        for &p in [to, from].iter().chain(also) {
             for slot in slots.iter().map(u16::to_string) {
                 let ip = &self.members[p].ip;
                 cli_ok(ip, PORT, &["CLUSTER", "SETSLOT", &slot, "NODE", to_id]).await?;
@@ -219,6 +259,14 @@ impl Deployment {
         }
         Ok(moved)
     }
+}
+
+/// The members a cluster fault acts on: the primary of the run's names, a replica of it, and
+/// the other primaries.
+struct Faulted {
+    primary: usize,
+    replica: usize,
+    others: Vec<usize>,
 }
 
 fn ms(since: Instant) -> u128 {
