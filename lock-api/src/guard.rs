@@ -127,6 +127,13 @@ impl LockGuard {
         renewed.map(|_| ())
     }
 
+    /// Tells this guard that a server's answer found its hold gone (`why`), as an extend that
+    /// finds it gone does: `lost()` fires now, not at the next renewal.
+    pub(crate) fn found_gone(&self, why: &Error) {
+        let told = Err(Error::new(crate::error::ErrorKind::Lost, why.to_string()));
+        self.keeper().extended(&self.hold, Instant::now(), &told);
+    }
+
     /// Releases one hold of the lock. `Ok(true)` if it was still held (by this grant) until
     /// now, `Ok(false)` if it had already been lost.
     ///

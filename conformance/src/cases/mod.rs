@@ -209,6 +209,7 @@ cases! {
     list_shows_exactly_the_held_locks_under_a_prefix: always,
     bad_list_prefix_is_invalid_argument: always,
     force_release_frees_only_the_grant_of_its_token: always,
+    a_reentry_that_finds_its_hold_gone_reports_the_guard_lost: reentrant,
     holder_tells_when_the_grant_began: always,
     a_mixed_workload_with_reentry_never_has_two_holders: always,
     permits_out_of_range_are_invalid_argument: always,

@@ -156,3 +156,38 @@ pub(super) async fn holder_tells_when_the_grant_began(cx: Ctx) {
     );
     assert!(second.release().await.unwrap());
 }
+
+/// A re-entry that finds its hold gone (an operator freed it; on a long lease the holder would
+/// learn of that only at its next renewal) fails with `Lost`, and the guard reports lost at
+/// once: the library never says "ended" to the re-entry while the guard still claims the lock.
+pub(super) async fn a_reentry_that_finds_its_hold_gone_reports_the_guard_lost(cx: Ctx) {
+    let (a, op) = (cx.client().await, cx.client().await);
+    let name = cx.name("reenter-gone");
+    let held = a
+        .try_lock_with(&name, &LockOptions::new().watchdog_ttl(LONG_LEASE))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(op.force_release(&name, held.token()).await.unwrap());
+    let e = held
+        .reenter()
+        .await
+        .expect_err("re-entered a hold an operator freed");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    assert!(
+        held.is_lost(),
+        "the re-entry found the hold gone, yet the guard still claims it"
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(1), held.lost())
+        .await
+        .expect("lost() resolves at once");
+    assert!(
+        !matches!(reason, LostReason::Released),
+        "lost, not released: {reason}"
+    );
+    assert!(!held.release().await.unwrap());
+    assert_eq!(op.holder(&name).await.unwrap(), None, "nothing left held");
+}
+
+/// A lease long beside any test step: the holder's first renewal is a third of it away.
+const LONG_LEASE: Duration = Duration::from_secs(60);

@@ -18,7 +18,9 @@ impl LockGuard {
     /// like any other. The new hold's lease is the client's default watchdog lease; see
     /// [`reenter_with`](Self::reenter_with).
     ///
-    /// `Unsupported` on a backend without reentrancy; `Lost` if this guard no longer holds.
+    /// `Unsupported` on a backend without reentrancy; `Lost` if this guard no longer holds,
+    /// and then the guard reports lost too (as after an [`extend`](Self::extend) that finds the
+    /// hold gone).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -82,21 +84,32 @@ async fn reenter(
         );
     }
     let permits = held.grant().permits;
-    match try_lock_with(
+    let ended = || {
+        Error::new(ErrorKind::Lost, "the hold this guard re-enters has ended")
+            .with_backend(this.core().backend())
+            .with_lock(name)
+    };
+    let gone = match try_lock_with(
         this,
         name.as_str(),
         Some(options),
         permits,
         Some(held.owner()),
     )
-    .await?
+    .await
     {
-        Some(g) if g.token() == held.token() => Ok(g),
-        Some(g) => {
+        Ok(Some(g)) if g.token() == held.token() => return Ok(g),
+        Ok(Some(g)) => {
             // The hold ended and the owner was granted afresh: not the hold being re-entered.
             let _ = g.release().await;
-            fail(ErrorKind::Lost, "the hold this guard re-enters has ended")
+            ended()
         }
-        None => fail(ErrorKind::Lost, "the hold this guard re-enters has ended"),
-    }
+        Ok(None) => ended(),
+        Err(e) if e.kind() == ErrorKind::Lost => e,
+        Err(e) => return Err(e),
+    };
+    // The server's answer found the hold gone: the guard learns it now, not at its next
+    // renewal, so the library never says "ended" here while the guard still claims the lock.
+    held.found_gone(&gone);
+    Err(gone)
 }
