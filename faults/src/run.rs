@@ -241,35 +241,47 @@ async fn run_inner(
         .await
         .map_err(|e| format!("cannot start the resource: {e}"))?;
     // A semaphore and an election beside the locks, where the backend has them: the same
-    // faults hit all three, and the same checker judges them. On a Redis Cluster, names are
-    // drawn until all of them are in the slots of the primary the nemesis faults.
+    // faults hit all three, and the same checker judges them. On a Redis Cluster, each name
+    // takes a suffix until it is in the slots of the primary the nemesis faults (a third of
+    // the slots: three tries a name on average, where drawing whole sets of a soak's 16 names
+    // again would take millions).
     let caps = backend.capabilities();
-    let (prefix, names, sem_names, elect_names, every_name) = loop {
-        let prefix = format!(
-            "faults-{}-{}-{index}-{:08x}-",
-            match shape.nemesis {
-                Nemesis::Once(s) => s.key(),
-                Nemesis::Soak(_) => "soak",
-            },
-            std::process::id(),
-            fastrand::u32(..)
-        );
-        let names: Vec<String> = (0..shape.names).map(|i| format!("{prefix}{i}")).collect();
-        let sem: Vec<String> = caps
-            .semaphore
-            .then(|| format!("{prefix}sem"))
-            .into_iter()
-            .collect();
-        let elect: Vec<String> = caps
-            .election
-            .then(|| format!("{prefix}elect"))
-            .into_iter()
-            .collect();
-        let every: Vec<String> = names.iter().chain(&sem).chain(&elect).cloned().collect();
-        if server.as_ref().is_none_or(|d| d.keeps_together(&every)) {
-            break (prefix, names, sem, elect, every);
-        }
+    let prefix = format!(
+        "faults-{}-{}-{index}-{:08x}-",
+        match shape.nemesis {
+            Nemesis::Once(s) => s.key(),
+            Nemesis::Soak(_) => "soak",
+        },
+        std::process::id(),
+        fastrand::u32(..)
+    );
+    let placed = |base: String| -> String {
+        let fits = |n: &String| {
+            server
+                .as_ref()
+                .is_none_or(|d| d.keeps_together(std::slice::from_ref(n)))
+        };
+        std::iter::once(base.clone())
+            .chain((1..).map(|k| format!("{base}-{k}")))
+            .find(fits)
+            .expect("an endless supply of names")
     };
+    let names: Vec<String> = (0..shape.names)
+        .map(|i| placed(format!("{prefix}{i}")))
+        .collect();
+    let sem_names: Vec<String> = (caps.semaphore)
+        .then(|| placed(format!("{prefix}sem")))
+        .into_iter()
+        .collect();
+    let elect_names: Vec<String> = (caps.election)
+        .then(|| placed(format!("{prefix}elect")))
+        .into_iter()
+        .collect();
+    let every_name: Vec<String> = (names.iter())
+        .chain(&sem_names)
+        .chain(&elect_names)
+        .cloned()
+        .collect();
     let proxied = shape.proxied;
     let (lead, run_for) = (shape.lead, shape.run_for);
     let mut routes = Vec::new();

@@ -2,8 +2,8 @@
 //! member is, members 0 to 2 primaries with a third of the slots each (in order) and members 3
 //! to 5 their replicas (3 follows 0, 4 follows 1, 5 follows 2), on a short node timeout. The
 //! nodes announce their namespace addresses, which the clients in the root namespace reach over
-//! the bridge, so the URL needs no `map_seeds`. The run draws its names until all of them hash
-//! to primary 0's slots, so the faults in `cluster/faults.rs` hit every name; each fault asks
+//! the bridge, so the URL needs no `map_seeds`. A run's names take suffixes until all of them
+//! hash to primary 0's slots, so the faults in `cluster/faults.rs` hit every name; each fault asks
 //! the cluster which members serve those slots now (after a failover, the promoted replica).
 
 mod faults;
@@ -92,8 +92,8 @@ impl Deployment {
     }
 
     /// Whether every one of `names` hashes to the faulted primary's slots (always, off a Redis
-    /// Cluster): a run on the cluster draws its names until they do, so that its fault hits
-    /// every name, and a slot migration moves them all.
+    /// Cluster): on the cluster a run's name takes a suffix until it does, so that its fault
+    /// hits every name, and a slot migration moves them all.
     pub(crate) fn keeps_together(&self, names: &[String]) -> bool {
         if self.redis != RedisMode::Cluster {
             return true;
