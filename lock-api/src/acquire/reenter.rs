@@ -60,11 +60,12 @@ async fn reenter(
     options: &LockOptions,
 ) -> Result<LockGuard> {
     let name = held.name();
-    let fail = |kind, msg: &str| {
-        Err(Error::new(kind, msg.to_string())
+    let error = |kind, msg: &str| {
+        Error::new(kind, msg.to_string())
             .with_backend(this.core().backend())
-            .with_lock(name))
+            .with_lock(name)
     };
+    let fail = |kind, msg: &str| Err(error(kind, msg));
     if !this.capabilities().reentrant {
         return fail(
             ErrorKind::Unsupported,
@@ -84,11 +85,7 @@ async fn reenter(
         );
     }
     let permits = held.grant().permits;
-    let ended = || {
-        Error::new(ErrorKind::Lost, "the hold this guard re-enters has ended")
-            .with_backend(this.core().backend())
-            .with_lock(name)
-    };
+    let ended = || error(ErrorKind::Lost, "the hold this guard re-enters has ended");
     let gone = match try_lock_with(
         this,
         name.as_str(),
