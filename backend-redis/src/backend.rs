@@ -143,7 +143,7 @@ impl Shared {
                 .acquire_permit(name, owner, req.ttl, req.permits)
                 .await?
         } else {
-            self.server.acquire(&req.name, &req.owner, req.ttl).await?
+            self.server.acquire(req).await?
         };
         Ok(match acquired {
             Acquired::Granted { token, count, .. } => {

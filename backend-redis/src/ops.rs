@@ -5,6 +5,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use distlock_api::backend::AcquireRequest;
 use distlock_api::{Error, ErrorKind, LockName, OwnerId, Result};
 use futures::FutureExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -253,19 +254,16 @@ impl Server {
     }
 
     /// Runs the acquire script.
-    pub(crate) async fn acquire(
-        &self,
-        name: &LockName,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Acquired> {
+    pub(crate) async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired> {
+        let (name, owner) = (&req.name, &req.owner);
         let call = Call::new(&self.scripts.acquire)
             .key(self.keys.lock_key(name))
             .key(self.keys.fence_key(name))
             .key(self.keys.semaphore_key(name))
             .arg(&*owner.text())
-            .arg(millis(ttl));
-        let (reply, acks) = self.write("acquire", call, ttl).await?;
+            .arg(millis(req.ttl))
+            .arg(if req.fresh { "1" } else { "0" });
+        let (reply, acks) = self.write("acquire", call, req.ttl).await?;
         let reply = ints(reply).ok_or_else(|| self.bad_reply("acquire"))?;
         if let [2, max] = reply[..] {
             return Err(other_permits(name, max, 1));

@@ -125,3 +125,16 @@ async fn a_handle_passes_a_lock_to_its_own_tasks_only_so_many_times_in_a_row() {
         "hand-offs that were not the release alone: {trips:?}"
     );
 }
+
+/// An attempt of an acquisition takes the lock afresh over a hold an earlier attempt of it left
+/// (its answer lost), rather than stacking on it: one release then frees the lock, and the
+/// left hold's give-back takes nothing.
+#[tokio::test]
+async fn an_attempt_takes_afresh_the_hold_a_lost_attempt_of_its_acquisition_left() {
+    if skipped() {
+        return;
+    }
+    let (lock, other) = (common::client().await, common::client().await);
+    let name = LockName::new(common::unique("lost-attempt")).unwrap();
+    common::an_attempt_takes_afresh_the_hold_a_lost_attempt_left(&*lock, &*other, &name).await;
+}

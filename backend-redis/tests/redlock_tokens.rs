@@ -195,3 +195,16 @@ async fn hand_overs_keep_one_token_on_every_master() {
     }
     assert!(lock.holder(name.as_str()).await.unwrap().is_none());
 }
+
+/// An attempt of an acquisition takes the lock afresh over a hold an earlier attempt of it left
+/// (its answer lost), so that attempt's give-back — sent to every master, and again where its
+/// answer was lost too — cannot take the grant's holds.
+#[tokio::test]
+async fn an_attempt_takes_afresh_the_hold_a_lost_attempt_of_its_acquisition_left() {
+    if skipped() {
+        return;
+    }
+    let (lock, other) = (client().await, client().await);
+    let name = LockName::new(common::unique("redlock-lost-attempt")).unwrap();
+    common::an_attempt_takes_afresh_the_hold_a_lost_attempt_left(&*lock, &*other, &name).await;
+}

@@ -41,6 +41,14 @@ pub struct AcquireRequest {
     /// for a permit. A backend stores it with the name while any grant is held, and refuses a
     /// request with another number meanwhile (`InvalidArgument`).
     pub permits: u32,
+    /// Whether `owner` is this acquisition's own id (made for it, as every acquisition's is
+    /// unless it re-enters or names an explicit owner), so that no other request holds under
+    /// it. A hold of it the server already has was then left by an earlier attempt of this
+    /// acquisition whose answer was lost, and a backend may grant the lock afresh over it (a
+    /// new token, one hold) instead of re-entering it: a give-back of that hold still on its
+    /// way names the old token, and cannot take the new grant's. `false` (the default) for a
+    /// re-entry or an explicit owner: a hold of the owner is re-entered.
+    pub fresh: bool,
 }
 
 impl AcquireRequest {
@@ -53,7 +61,14 @@ impl AcquireRequest {
             owner,
             ttl,
             permits: 1,
+            fresh: false,
         })
+    }
+
+    /// The request of an acquisition under its own owner id ([`fresh`](Self::fresh)).
+    pub fn fresh(mut self) -> Self {
+        self.fresh = true;
+        self
     }
 
     /// The request for a permit of a semaphore of `permits` (1 to [`MAX_PERMITS`]).

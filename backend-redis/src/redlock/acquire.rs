@@ -69,6 +69,17 @@ pub(super) struct Join {
     fresh: bool,
 }
 
+/// Whether a release of a hold one of `req`'s attempts got, whose answer was lost, may simply be
+/// sent again: only for an acquisition under its own owner id ([`AcquireRequest::fresh`]). Each
+/// of its attempts takes a hold of its own there (the acquire script grants afresh over a hold
+/// an earlier attempt left), under a token no other hold has, so a release applied twice finds
+/// the second time nothing of its own to take. Under an owner whose holds are re-entered, the
+/// next attempt may have re-entered the very hold being given back, and a second application
+/// would take the grant's: the master keeps the one extra hold instead, until its lease ends.
+fn resends_give_back(req: &AcquireRequest) -> bool {
+    req.fresh
+}
+
 impl Shared {
     pub(super) async fn attempt(self: &Arc<Self>, req: &AcquireRequest) -> Result<Attempt> {
         let (name, owner, ttl) = (&req.name, &req.owner, req.ttl);
@@ -79,10 +90,10 @@ impl Shared {
         let mut deadline = Deadline::new(per_master, valid_until);
         let all: Vec<usize> = (0..n).collect();
         let mut pending = {
-            let (name, owner) = (name.clone(), owner.clone());
+            let req = Arc::new(req.clone());
             self.launch(&all, move |s, i| {
-                let (name, owner) = (name.clone(), owner.clone());
-                async move { s.servers[i].acquire(&name, &owner, ttl).await }
+                let req = req.clone();
+                async move { s.servers[i].acquire(&req).await }
             })
         };
 
@@ -169,7 +180,7 @@ impl Shared {
                         token,
                         fresh: kind == Kind::Fresh,
                     };
-                    self.settle_late(pending, name, owner, ttl, Some(join));
+                    self.settle_late(pending, req, Some(join));
                 }
                 // Releases needed before fewer than a majority hold it: the quorum-th largest
                 // count.
@@ -192,11 +203,11 @@ impl Shared {
                 ))
             }
             None => {
-                self.settle_late(pending, name, owner, ttl, None);
+                self.settle_late(pending, req, None);
                 if !granted.is_empty() {
                     let got: Vec<(usize, u64)> =
                         granted.iter().map(|g| (g.master, g.token)).collect();
-                    self.give_back(name, owner, &got, ttl, per_master).await;
+                    self.give_back(req, &got, per_master).await;
                 }
                 self.contended(errors, held_pttls, ttl)
             }
@@ -246,14 +257,12 @@ impl Shared {
     pub(super) fn settle_late(
         self: &Arc<Self>,
         pending: Pending<Acquired>,
-        name: &LockName,
-        owner: &OwnerId,
-        ttl: Duration,
+        req: &AcquireRequest,
         join: Option<Join>,
     ) {
-        let until = Instant::now() + ttl + drift(ttl);
-        let resend = self.may_resend(name, owner);
-        let (s, name, owner) = (self.clone(), name.clone(), owner.clone());
+        let until = Instant::now() + req.ttl + drift(req.ttl);
+        let resend = resends_give_back(req);
+        let (s, name, owner) = (self.clone(), req.name.clone(), req.owner.clone());
         finish_late(pending, move |i, r| {
             let (t, joins) = match r {
                 // A fresh hold joins the grant; a hold of a grant this owner already had there
@@ -344,17 +353,16 @@ impl Shared {
     /// Releases the holds (master, token) a failed round got, waiting up to `within` for every
     /// one of those masters (they answered a moment ago), so a refusal leaves nothing behind on
     /// them; a release that fails or is late is sent again in the background until it is
-    /// answered or the lease (`ttl`) has run out, where [that is safe](Self::may_resend).
+    /// answered or the lease has run out, where [that is safe](resends_give_back).
     pub(super) async fn give_back(
         self: &Arc<Self>,
-        name: &LockName,
-        owner: &OwnerId,
+        req: &AcquireRequest,
         got: &[(usize, u64)],
-        ttl: Duration,
         within: Duration,
     ) {
-        let until = Instant::now() + ttl + drift(ttl);
-        let resend = self.may_resend(name, owner);
+        let (name, owner) = (&req.name, &req.owner);
+        let until = Instant::now() + req.ttl + drift(req.ttl);
+        let resend = resends_give_back(req);
         let targets: Vec<usize> = got.iter().map(|g| g.0).collect();
         let mut tokens = vec![0; self.n()];
         for &(i, t) in got {

@@ -179,8 +179,7 @@ impl Shared {
         let decided = held >= self.quorum || held + errors.len() < self.quorum;
         parties.from_done = decided && kept.len() < self.quorum;
         if !handed.is_empty() {
-            self.give_back(name, &to.owner, &handed, to.ttl, per_master)
-                .await;
+            self.give_back(to, &handed, per_master).await;
         }
         self.settle_rest(&kept, &failed, pending, parties);
         if decided {

@@ -9,6 +9,8 @@ use std::time::Duration;
 use distlock_redis::redis::{self, AsyncCommands};
 use std::sync::Arc;
 
+use distlock_api::backend::wait::Attempt;
+use distlock_api::DistributedLock;
 use distlock_redis::{Error, LockName, RedLock, RedLockConfig, RedisConfig, RedisLock, Result};
 
 /// A client of the single server.
@@ -232,4 +234,54 @@ pub fn redlock_master_urls() -> Vec<String> {
         .into_iter()
         .map(|h| format!("redis://{h}"))
         .collect()
+}
+
+/// An acquisition's attempts share its owner id, so an attempt whose answer was lost leaves a
+/// hold the next attempt finds on the server. The next attempt takes the lock afresh over it (a
+/// new token, one hold) instead of re-entering it: the lost attempt's give-back, even applied
+/// twice (sent again after its own answer was lost), then finds nothing of its own to take, and
+/// the acquisition's grant still excludes everyone else. Raw trait calls on `lock` (`other`: a
+/// second client of the same servers); `name` must be free.
+pub async fn an_attempt_takes_afresh_the_hold_a_lost_attempt_left<L: DistributedLock + ?Sized>(
+    lock: &L,
+    other: &L,
+    name: &LockName,
+) {
+    use distlock_conformance::hand_over::{granted, request};
+    let ttl = Duration::from_secs(30);
+    let req = request(lock, name, ttl).fresh();
+    // Its answer is lost: nobody keeps this grant but the give-back below.
+    let left = granted(lock, &req).await;
+    // Late masters of a RedLock round land in the background: let them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let grant = granted(lock, &req).await;
+    assert_eq!(
+        grant.hold_count, 1,
+        "a fresh grant, not a re-entry of the hold left"
+    );
+    assert!(
+        grant.token > left.token,
+        "a new token: {} after {}",
+        grant.token,
+        left.token
+    );
+    for _ in 0..2 {
+        assert!(
+            !lock.release(&left).await.unwrap(),
+            "the hold left is gone: its give-back takes nothing"
+        );
+    }
+    let theirs = other.attempt(&request(other, name, ttl)).await.unwrap();
+    assert!(
+        matches!(theirs, Attempt::Held { .. }),
+        "another owner got in while the acquisition's grant held: {theirs:?}"
+    );
+    assert_eq!(lock.renew(&grant, ttl).await.unwrap(), ttl);
+    let info = lock.inspect(name).await.unwrap().expect("held");
+    assert_eq!(
+        (&info.owner, info.hold_count, info.token),
+        (&req.owner, 1, grant.token)
+    );
+    assert!(lock.release(&grant).await.unwrap());
+    assert!(lock.inspect(name).await.unwrap().is_none());
 }

@@ -15,6 +15,8 @@ use crate::options::{Lease, LockOptions};
 pub(super) struct Plan {
     /// This acquisition's owner id (see [`ClientCore::owner_for`](crate::backend::ClientCore::owner_for)).
     owner: OwnerId,
+    /// Whether the owner id was made for this acquisition ([`AcquireRequest::fresh`]).
+    fresh: bool,
     ttl: Duration,
     permits: u32,
     renew: Option<Duration>,
@@ -70,6 +72,7 @@ impl Plan {
         };
         Ok(Self {
             owner,
+            fresh: reenter.is_none() && options.owner.is_none(),
             ttl,
             permits,
             renew,
@@ -84,6 +87,7 @@ impl Plan {
             owner: self.owner,
             ttl: self.ttl,
             permits: self.permits,
+            fresh: self.fresh,
         };
         (
             req,

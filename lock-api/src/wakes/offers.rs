@@ -183,6 +183,7 @@ mod tests {
             owner: crate::name::OwnerId::new(owner).unwrap(),
             ttl: Duration::from_secs(1),
             permits: 1,
+            fresh: true,
         }
     }
 
