@@ -9,8 +9,12 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_api::DistributedLock;
+use distlock_conformance::{hosts_of, reroute, Proxy};
 use distlock_redis::redis::AsyncCommands;
-use distlock_redis::{LockExt, LockGuard, LockName, LockOptions, RedLock, RedLockConfig};
+use distlock_redis::{
+    ErrorKind, LockExt, LockGuard, LockName, LockOptions, RedLock, RedLockConfig,
+};
 
 fn skipped() -> bool {
     let skip = distlock_conformance::skipped_by_env("redlock");
@@ -207,4 +211,138 @@ async fn an_attempt_takes_afresh_the_hold_a_lost_attempt_of_its_acquisition_left
     let (lock, other) = (client().await, client().await);
     let name = LockName::new(common::unique("redlock-lost-attempt")).unwrap();
     common::an_attempt_takes_afresh_the_hold_a_lost_attempt_left(&*lock, &*other, &name).await;
+}
+
+/// A re-entry two masters of three answer too late fails with `Unavailable`; the masters apply
+/// it anyway, and the hold it added there is given back once, by the client's settling of the
+/// lost answer, not a second time by the round's own handling of the late answers: the outer
+/// guard keeps its one hold on every master, and its release frees the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_the_masters_answer_too_late_is_given_back_once() {
+    if skipped() {
+        return;
+    }
+    let url = common::redlock_url();
+    let hosts = hosts_of(&url);
+    let slow = [
+        Proxy::start(hosts[1].clone()).await,
+        Proxy::start(hosts[2].clone()).await,
+    ];
+    let proxied = reroute(&url, &hosts[1..], &[slow[0].addr(), slow[1].addr()]);
+    let lock = common::redlock_client(&proxied).await;
+    let name = common::unique("redlock-late-reentry");
+    // A long lease: no renewal falls within the test.
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let outer = lock
+        .try_lock_with(&name, &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    let owner = outer.owner().text().to_string();
+    let masters = common::redlock_master_urls();
+    let once = Some((owner.clone(), 1, outer.token().0));
+    wait_for_masters(outer.name(), &masters, &once).await;
+
+    // Each way: the round gives up on these two long before their answers come.
+    for p in &slow {
+        p.delay(Duration::from_millis(400));
+    }
+    let err = outer
+        .reenter()
+        .await
+        .expect_err("only one master answered in time");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The late acquires land, then their answers and the give-back's reads, then releases.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for p in &slow {
+        p.delay(Duration::ZERO);
+    }
+    for m in &masters {
+        assert_eq!(
+            kept_on(m, outer.name()).await,
+            once,
+            "{m} after the late re-entry was given back"
+        );
+    }
+    assert!(!outer.is_lost());
+    let name = outer.name().clone();
+    assert!(outer.release().await.unwrap());
+    for m in &masters {
+        assert_eq!(kept_on(m, &name).await, None, "{m} after the release");
+    }
+}
+
+/// Waits up to 3 s for every master to keep `want` for `name` (late masters join a grant in
+/// the background).
+async fn wait_for_masters(name: &LockName, masters: &[String], want: &Option<(String, u32, u64)>) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for m in masters {
+        while kept_on(m, name).await != *want {
+            assert!(Instant::now() < deadline, "{m} never kept {want:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A release decided at a majority keeps its hold counted on the client until the master it
+/// still waits for has answered: a give-back of the owner's meanwhile (a lost answer being
+/// settled) reads that master's count against the client's, and would otherwise take the
+/// hold the late release is about to take, as a surplus, and leave the master free under the
+/// outer guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_keeps_its_hold_counted_until_the_last_master_answers() {
+    if skipped() {
+        return;
+    }
+    let url = common::redlock_url();
+    let hosts = hosts_of(&url);
+    let slow = Proxy::start(hosts[2].clone()).await;
+    let proxied = reroute(&url, &hosts[2..], &[slow.addr()]);
+    let lock = common::redlock_client(&proxied).await;
+    let name = common::unique("redlock-straggling-release");
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let outer = lock
+        .try_lock_with(&name, &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    let inner = outer.reenter().await.unwrap();
+    let masters = common::redlock_master_urls();
+    let twice = Some((outer.owner().text().to_string(), 2, outer.token().0));
+    wait_for_masters(outer.name(), &masters, &twice).await;
+    // The slow master's answer reaches the client a moment after the master applied it:
+    // then the re-entry's release is sent there too.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let counted = {
+        let (lock, name, owner) = (lock.clone(), outer.name().clone(), outer.owner().clone());
+        move || lock.core().holds_accounted(&name, &owner)
+    };
+    assert_eq!(counted(), 2);
+
+    slow.delay(Duration::from_millis(500));
+    assert!(
+        inner.release().await.unwrap(),
+        "decided by the two quick masters"
+    );
+    assert_eq!(counted(), 2, "the slow master has not taken its hold yet");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counted() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "still counted after the slow master answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    slow.delay(Duration::ZERO);
+    let once = Some((outer.owner().text().to_string(), 1, outer.token().0));
+    wait_for_masters(outer.name(), &masters, &once).await;
+    assert!(outer.release().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counted() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "still counted after the last release"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

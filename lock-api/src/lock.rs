@@ -345,6 +345,20 @@ impl ClientCore {
         count + surplus.leaving > self.holds_accounted(&surplus.name, &surplus.owner)
     }
 
+    /// Counts one more hold of `name` by `owner`, until [`uncount_hold`](Self::uncount_hold).
+    /// For a backend whose release returns before every server it was sent to has answered
+    /// (RedLock decides at a majority): the hold stays counted until they have, so that a
+    /// give-back meanwhile, which reads each server's count against this handle's, does not
+    /// take the hold a server is about to release as a surplus, and then that one too.
+    pub fn count_hold(&self, name: &LockName, owner: &OwnerId) {
+        self.holds.add(name, owner);
+    }
+
+    /// Ends one [`count_hold`](Self::count_hold).
+    pub fn uncount_hold(&self, name: &LockName, owner: &OwnerId) {
+        self.holds.remove(name, owner);
+    }
+
     pub(crate) fn holds(&self) -> &Holds {
         &self.holds
     }

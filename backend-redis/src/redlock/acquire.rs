@@ -203,13 +203,21 @@ impl Shared {
                 ))
             }
             None => {
-                self.settle_late(pending, req, None);
-                if !granted.is_empty() {
-                    let got: Vec<(usize, u64)> =
-                        granted.iter().map(|g| (g.master, g.token)).collect();
-                    self.give_back(req, &got, per_master).await;
+                let outcome = self.contended(errors, held_pttls, ttl);
+                // Unavailable leaves the outcome unknown, and the core gives back what the
+                // round may have left, master by master, down to the holds it accounts for
+                // (`give_back` of the trait). Releasing here as well would give one hold back
+                // twice: under a re-entered owner the second takes a hold a live guard of the
+                // owner relies on. So this round settles only what the core will not.
+                if outcome.is_ok() {
+                    self.settle_late(pending, req, None);
+                    if !granted.is_empty() {
+                        let got: Vec<(usize, u64)> =
+                            granted.iter().map(|g| (g.master, g.token)).collect();
+                        self.give_back(req, &got, per_master).await;
+                    }
                 }
-                self.contended(errors, held_pttls, ttl)
+                outcome
             }
         }
     }

@@ -10,6 +10,30 @@ use futures::FutureExt;
 
 use super::*;
 
+/// One more hold of a name by an owner counted on the client's core while it lives.
+struct StillCounted {
+    shared: Arc<Shared>,
+    name: LockName,
+    owner: OwnerId,
+}
+
+impl StillCounted {
+    fn new(shared: &Arc<Shared>, name: &LockName, owner: &OwnerId) -> Self {
+        shared.core.count_hold(name, owner);
+        Self {
+            shared: shared.clone(),
+            name: name.clone(),
+            owner: owner.clone(),
+        }
+    }
+}
+
+impl Drop for StillCounted {
+    fn drop(&mut self) {
+        self.shared.core.uncount_hold(&self.name, &self.owner);
+    }
+}
+
 impl Shared {
     /// Whether a release of one of `owner`'s holds on `name` whose answer was lost may simply be
     /// sent again. Only while no other hold of `owner`'s is accounted for on this handle (call
@@ -75,6 +99,10 @@ impl Shared {
             }
         };
         let late_retry = retry.clone();
+        // Counted until every master has answered (the closure of the late answers goes when
+        // the last has): the core uncounts the hold once the round is decided, and the
+        // masters that have not answered by then are still to take it.
+        let straggling = StillCounted::new(self, &name, &owner);
         let tally = self
             .majority_round_then(
                 &targets,
@@ -86,7 +114,10 @@ impl Shared {
                         async move { Ok(s.servers[i].release(&name, &owner, t).await?.is_some()) }
                     }
                 },
-                move |i, r| (r.is_err() && resend).then(|| late_retry(i)),
+                move |i, r| {
+                    let _ = &straggling;
+                    (r.is_err() && resend).then(|| late_retry(i))
+                },
             )
             .await;
         for &i in tally.failed.iter().filter(|_| resend) {
