@@ -204,3 +204,60 @@ async fn a_hand_over_that_reaches_a_majority_passes_the_lock() {
         assert_eq!(owner_on(m, &name).await, None, "{m} still holds {name}");
     }
 }
+
+/// A hand-over whose every answer is lost is undecided (`Unavailable`), though the masters
+/// passed the lock. The waiting task goes on under the same owner, and its next attempt takes
+/// the lock afresh over the pass. The round's settling of its lost answers reads each master
+/// once it answers again, and finds the waiting task's owner there: it must leave that grant
+/// alone (here the next attempt comes from a second client of the masters, under the same
+/// owner, while the first client's connections are still muted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_hand_over_leaves_the_waiting_owners_later_grant_alone() {
+    if skipped() {
+        return;
+    }
+    let url = common::redlock_url();
+    let hosts = hosts_of(&url);
+    let mut proxies = Vec::new();
+    for h in &hosts {
+        proxies.push(Proxy::start(h.clone()).await);
+    }
+    let addrs: Vec<String> = proxies.iter().map(Proxy::addr).collect();
+    let lock = client(&reroute(&url, &hosts, &addrs)).await;
+    let direct = client(&url).await;
+    let masters = common::redlock_master_urls();
+    let name = LockName::new(common::unique("redlock-lost-hand-over")).unwrap();
+    let from = granted_on_every_master(&lock, &name, &masters).await;
+
+    let to = request(&*lock, &name, Duration::from_secs(30)).fresh();
+    proxies.iter().for_each(|p| p.mute(true));
+    let undecided = lock.hand_over(&from, &to).await.map(|_| ());
+    assert_eq!(
+        undecided.map_err(|e| e.kind()),
+        Err(distlock_api::ErrorKind::Unavailable)
+    );
+    for m in &masters {
+        assert_eq!(
+            owner_on(m, &name).await.as_deref(),
+            Some(to.owner.text().as_ref())
+        );
+    }
+    let later = granted(&*direct, &to).await;
+    proxies.iter().for_each(Proxy::heal);
+    // The first client's settling reads the masters again, with backoff, once they answer.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let info = direct.inspect(&name).await.unwrap().expect("still held");
+    assert_eq!((&info.owner, info.token), (&to.owner, later.token));
+    assert_eq!(
+        direct.renew(&later, Duration::from_secs(30)).await.unwrap(),
+        Duration::from_secs(30)
+    );
+    for m in &masters {
+        assert_eq!(
+            owner_on(m, &name).await.as_deref(),
+            Some(to.owner.text().as_ref()),
+            "{m}"
+        );
+    }
+    assert!(direct.release(&later).await.unwrap());
+}

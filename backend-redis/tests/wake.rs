@@ -111,6 +111,7 @@ fn uuid_like() -> String {
 struct Counted {
     inner: RedLock,
     attempts: AtomicUsize,
+    hand_overs: AtomicUsize,
 }
 
 #[distlock_api::backend::async_trait]
@@ -175,6 +176,7 @@ impl DistributedLock for Counted {
         from: &distlock_api::Grant,
         to: &distlock_api::backend::AcquireRequest,
     ) -> distlock_api::Result<distlock_api::backend::wait::HandOver> {
+        self.hand_overs.fetch_add(1, Ordering::SeqCst);
         self.inner.hand_over(from, to).await
     }
     fn keeper(&self) -> &dyn distlock_api::backend::LeaseKeeper {
@@ -215,6 +217,7 @@ async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_pollin
     let waiter = Arc::new(Counted {
         inner: connect().await,
         attempts: AtomicUsize::new(0),
+        hand_overs: AtomicUsize::new(0),
     });
     assert_eq!(
         waiter.capabilities().blocking,
@@ -301,4 +304,53 @@ async fn redlock_waiters_are_woken_by_the_masters_release_messages_not_by_pollin
         refused.err().map(|e| e.kind()),
         Some(distlock_api::ErrorKind::Unsupported)
     );
+}
+
+/// Only an owner's last release hands the lock to a waiting task of the handle: a release of
+/// one of several holds is a plain release (the owner keeps the lock, so there is nothing to
+/// pass on), and the last one passes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_owners_last_release_hands_the_lock_over() {
+    if distlock_conformance::skipped_by_env("redlock") {
+        return;
+    }
+    let lock = Arc::new(Counted {
+        inner: RedLock::connect(RedLockConfig::from_url(&common::redlock_url()).unwrap())
+            .await
+            .unwrap(),
+        attempts: AtomicUsize::new(0),
+        hand_overs: AtomicUsize::new(0),
+    });
+    let name = common::unique("last-release-hands-over");
+    let outer = lock.try_lock(&name).await.unwrap().expect("free");
+    let inner = outer.reenter().await.unwrap();
+    let waiter = tokio::spawn({
+        let (lock, name) = (lock.clone(), name.clone());
+        async move {
+            let opts = LockOptions::new().wait(Duration::from_secs(10));
+            lock.lock_with(&name, &opts).await
+        }
+    });
+    // The waiting task has tried once and offers to take the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(inner.release().await.unwrap());
+    assert_eq!(
+        lock.hand_overs.load(Ordering::SeqCst),
+        0,
+        "an inner release"
+    );
+    assert!(!waiter.is_finished(), "the owner still holds the lock");
+    // The inner release's hold stays counted until its last master has answered (then the
+    // outer one is the last).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let outer_token = outer.token();
+    assert!(outer.release().await.unwrap());
+    let taken = waiter.await.unwrap().unwrap();
+    assert!(taken.token() > outer_token);
+    assert_eq!(
+        lock.hand_overs.load(Ordering::SeqCst),
+        1,
+        "the last release"
+    );
+    assert!(taken.release().await.unwrap());
 }

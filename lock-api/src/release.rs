@@ -20,11 +20,16 @@ use crate::wakes::{Handed, Offer};
 /// ([`Surplus`]).
 ///
 /// On a backend that [hands locks over](crate::Profile::hands_over), a waiter of this handle
-/// for the name that offered to take the lock gets it in the same request
+/// for the name that offered to take the lock gets the lock with the owner's last hold, in the
+/// same request
 /// ([`hand_over`]); a semaphore's permit is not handed over (the backends' hand-over is the
 /// lock's), its release wakes the handle's waiters instead.
 pub(crate) async fn release(backend: &Arc<dyn DistributedLock>, grant: &Grant) -> Result<bool> {
-    if backend.profile().hands_over && grant.permits == 1 {
+    // Only an owner's last hold passes on: with holds left the owner keeps the lock, and a
+    // hand-over round could only give one of them up (RedLock's masters may disagree on how
+    // many holds are left, and a round that reads that wrong takes back more than one).
+    let last = || backend.core().holds_accounted(&grant.name, &grant.owner) == 1;
+    if backend.profile().hands_over && grant.permits == 1 && last() {
         if let Some(offer) = backend.core().wakes().claim(&grant.name) {
             return hand_over(backend, grant, offer).await;
         }

@@ -254,8 +254,8 @@ impl Shared {
     }
 
     /// Master `i`'s answer was lost: once it answers again, whichever of the two owners holds
-    /// it there is settled (the new one's hold joins or is released, the old one's is
-    /// released).
+    /// it there is settled (the new one's hold joins the grant the round won, the old one's is
+    /// released when it gave up its last hold).
     fn reconcile(self: Arc<Self>, i: usize, p: Parties) -> BoxFuture<'static, ()> {
         async move {
             match self
@@ -263,7 +263,12 @@ impl Shared {
                 .await
                 .flatten()
             {
-                Some(h) if h.owner == p.to => self.settle_pass(i, &p, h.token).await,
+                // Only into a grant that won: else the waiting task goes on under the same
+                // owner, and the hold read now may be its own later grant's (taken afresh over
+                // the pass), which the waiter's next attempt or the core's give-back settles.
+                Some(h) if h.owner == p.to && p.join.is_some() => {
+                    self.settle_pass(i, &p, h.token).await
+                }
                 Some(h) if h.owner == p.from && p.from_done => {
                     self.release_until(i, &p.name, &p.from, (h.token, true), p.until)
                         .await
