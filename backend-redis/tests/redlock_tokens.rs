@@ -325,24 +325,19 @@ async fn a_release_keeps_its_hold_counted_until_the_last_master_answers() {
         "decided by the two quick masters"
     );
     assert_eq!(counted(), 2, "the slow master has not taken its hold yet");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while counted() > 1 {
-        assert!(
-            Instant::now() < deadline,
-            "still counted after the slow master answered"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    counted_down_to(&counted, 1, "after the slow master answered").await;
     slow.delay(Duration::ZERO);
     let once = Some((outer.owner().text().to_string(), 1, outer.token().0));
     wait_for_masters(outer.name(), &masters, &once).await;
     assert!(outer.release().await.unwrap());
+    counted_down_to(&counted, 0, "after the last release").await;
+}
+
+/// Waits up to 5 s for `counted` to fall to `n`.
+async fn counted_down_to(counted: &impl Fn() -> u32, n: u32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while counted() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "still counted after the last release"
-        );
+    while counted() > n {
+        assert!(Instant::now() < deadline, "still counted {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
